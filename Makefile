@@ -1,0 +1,77 @@
+# blobmount: the one entry point for setup, demo, tests, checks and benchmarks.
+# `make demo` and `make test` work on a fresh Debian machine with Python and npm.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := .tools
+AZURITE_VERSION := 3.37.0
+AZURITE := $(TOOLS)/node_modules/.bin/azurite-blob
+DEBIAN_PACKAGES := fuse3 libfuse3-dev pkg-config
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system-deps venv azurite demo test test-unit test-integration test-e2e \
+        lint fmt typecheck bench bench-quick pre-pr clean
+
+setup: system-deps venv azurite
+
+system-deps:
+	@missing=""; \
+	for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+azurite: $(AZURITE)
+
+$(AZURITE):
+	mkdir -p $(TOOLS)
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+
+demo: setup
+	$(PY) -m blobmount.testing.demo
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: venv
+	$(PY) -m pytest tests/unit
+
+test-integration: setup
+	$(PY) -m pytest tests/integration
+
+test-e2e: setup
+	$(PY) -m pytest tests/e2e
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+fmt: venv
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+bench-quick: setup
+	$(PY) benchmarks/run.py --quick
+
+pre-pr: fmt lint typecheck test-unit
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .demo benchmarks/results

@@ -1,0 +1,3 @@
+from blobmount.cli import main
+
+raise SystemExit(main())

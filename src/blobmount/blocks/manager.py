@@ -1,0 +1,294 @@
+"""BlockManager: serve reads of pinned blob versions from fixed-size blocks.
+
+Lookup order for a block: the handle's own buffer (blocks it is reading now and its read-ahead),
+the RAM tier, the disk tier (when there is one), an in-flight fetch, a new fetch. A read returns as
+soon as its own blocks are there; it never waits for read-ahead.
+
+Memory: the RAM tier is bounded by its capacity; blocks held by handles (current and prefetched)
+are bounded by one global read-ahead budget. Prefetches are only started when the budget has room;
+blocks a reader is reading right now are always kept (they may overdraw the budget by at most two
+blocks per active stream, see readahead.MAX_STREAMS). Buffers share the bytes objects with the
+RAM tier, so a block held by both costs its size once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from blobmount.blocks.fetcher import BlockFetcher, FetcherStats
+from blobmount.blocks.keys import BlobVersion, BlockKey, block_count, block_span, blocks_covering
+from blobmount.blocks.ram_tier import RamTier, RamTierStats
+from blobmount.blocks.readahead import ReadAheadPolicy
+from blobmount.storage.base import StorageClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockManagerConfig:
+    block_size: int
+    read_ahead_blocks: int
+    prefetch_slots: int
+    ram_bytes: int
+    read_ahead_budget_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError("block_size must be positive")
+
+
+class DiskTier(Protocol):
+    """The second cache layer (see blobmount.blocks.disk_tier); optional."""
+
+    async def get(self, key: BlockKey) -> bytes | None: ...
+
+    def put(self, key: BlockKey, data: bytes) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BlockManagerStats:
+    reads: int
+    bytes_served: int
+    buffer_hits: int
+    ram_hits: int
+    disk_hits: int
+    storage_waits: int
+    storage_wait_s: float
+    prefetch_started: int
+    prefetch_used: int
+    prefetch_wasted: int
+    prefetch_skipped_budget: int
+    read_ahead_bytes: int
+    read_ahead_budget_bytes: int
+    open_handles: int
+    ram: RamTierStats
+    fetcher: FetcherStats
+
+
+class ReadAheadBudget:
+    """Bytes held in handle buffers, across all handles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def try_reserve(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def force_reserve(self, n: int) -> None:
+        self.used += n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        assert self.used >= 0, "read-ahead budget released more than reserved"
+
+
+@dataclass(eq=False, slots=True)
+class BlockHandle:
+    """Per-open-file state of the block reader."""
+
+    version: BlobVersion
+    policy: ReadAheadPolicy
+    buffer: dict[int, bytes] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)
+    prefetched: set[int] = field(default_factory=set)  # in buffer, not yet read
+    closed: bool = False
+
+
+class BlockManager:
+    def __init__(
+        self,
+        storage: StorageClient,
+        config: BlockManagerConfig,
+        nursery: trio.Nursery,
+        disk_tier: DiskTier | None = None,
+    ) -> None:
+        self.config = config
+        self._nursery = nursery
+        self._disk = disk_tier
+        self.ram = RamTier(config.ram_bytes)
+        self.budget = ReadAheadBudget(config.read_ahead_budget_bytes)
+        self.fetcher = BlockFetcher(
+            storage, config.block_size, config.prefetch_slots, nursery, self._on_fetched
+        )
+        self._handles = 0
+        self._reads = 0
+        self._bytes_served = 0
+        self._buffer_hits = 0
+        self._ram_hits = 0
+        self._disk_hits = 0
+        self._storage_waits = 0
+        self._storage_wait_s = 0.0
+        self._prefetch_started = 0
+        self._prefetch_used = 0
+        self._prefetch_wasted = 0
+        self._prefetch_skipped = 0
+
+    # -- handles ---------------------------------------------------------------------------
+
+    def open(self, version: BlobVersion) -> BlockHandle:
+        self._handles += 1
+        blocks = block_count(version.size, self.config.block_size)
+        return BlockHandle(version, ReadAheadPolicy(self.config.read_ahead_blocks, blocks))
+
+    def close(self, handle: BlockHandle) -> None:
+        if handle.closed:
+            return
+        handle.closed = True
+        self._handles -= 1
+        for index in list(handle.buffer):
+            self._drop(handle, index)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, handle: BlockHandle, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) of the handle's version, short only at end of file.
+
+        Raises StorageError subclasses (BlobChanged when the blob was replaced).
+        """
+        version = handle.version
+        bsize = self.config.block_size
+        indices = blocks_covering(offset, size, bsize, version.size)
+        self._reads += 1
+        if not indices:
+            return b""
+        ahead = handle.policy.on_read(indices[0], indices[-1])
+        self._trim(handle)
+        self._schedule(handle, ahead)
+
+        end = min(offset + size, version.size)
+        if len(indices) == 1:
+            data = await self._block(handle, indices[0])
+            base = indices[0] * bsize
+            out = data[offset - base : end - base]
+        else:
+            parts = []
+            for index in indices:
+                data = await self._block(handle, index)
+                base = index * bsize
+                parts.append(data[max(offset, base) - base : min(end, base + len(data)) - base])
+            out = b"".join(parts)
+        self._bytes_served += len(out)
+        return out
+
+    async def _block(self, handle: BlockHandle, index: int) -> bytes:
+        data = handle.buffer.get(index)
+        if data is not None:
+            self._buffer_hits += 1
+            if index in handle.prefetched:
+                handle.prefetched.discard(index)
+                self._prefetch_used += 1
+            return data
+        version = handle.version
+        key = BlockKey(version.name, version.etag, index)
+        data = self.ram.get(key)
+        if data is not None:
+            self._ram_hits += 1
+        else:
+            if self._disk is not None:
+                data = await self._disk.get(key)
+            if data is not None:
+                self._disk_hits += 1
+                self.ram.put(key, data)
+            else:
+                started = trio.current_time()
+                try:
+                    data = await self.fetcher.get(key, version, urgent=True)
+                finally:
+                    self._storage_waits += 1
+                    self._storage_wait_s += trio.current_time() - started
+        self._retain(handle, index, data, reserved=0)
+        return data
+
+    # -- read-ahead ------------------------------------------------------------------------
+
+    def _schedule(self, handle: BlockHandle, ahead: range) -> None:
+        version = handle.version
+        for index in ahead:
+            if index in handle.buffer or index in handle.pending:
+                continue
+            key = BlockKey(version.name, version.etag, index)
+            if key in self.ram:
+                continue
+            length = block_span(index, self.config.block_size, version.size)[1]
+            if not self.budget.try_reserve(length):
+                self._prefetch_skipped += 1
+                break
+            handle.pending.add(index)
+            self._prefetch_started += 1
+            self.fetcher.prefetch(key, version, self._prefetch_listener(handle, index, length))
+
+    def _prefetch_listener(
+        self, handle: BlockHandle, index: int, reserved: int
+    ) -> Callable[[bytes | None, Exception | None], None]:
+        def landed(data: bytes | None, error: Exception | None) -> None:
+            handle.pending.discard(index)
+            if data is None:
+                # The reader will meet the same error on its own read, if it gets there.
+                log.debug("prefetch of %s block %d failed: %s", handle.version.name, index, error)
+                self.budget.release(reserved)
+            elif self._retain(handle, index, data, reserved=reserved):
+                handle.prefetched.add(index)
+            elif index not in handle.buffer:
+                self._prefetch_wasted += 1  # the reader moved on before it arrived
+
+        return landed
+
+    def _retain(self, handle: BlockHandle, index: int, data: bytes, *, reserved: int) -> bool:
+        """Keep a block in the handle's buffer if the handle still wants it; a reservation
+        that is not used is given back."""
+        if handle.closed or index in handle.buffer or index not in handle.policy.wanted():
+            if reserved:
+                self.budget.release(reserved)
+            return False
+        handle.buffer[index] = data
+        if not reserved:
+            self.budget.force_reserve(len(data))
+        return True
+
+    def _trim(self, handle: BlockHandle) -> None:
+        if not handle.buffer:
+            return
+        wanted = handle.policy.wanted()
+        for index in [i for i in handle.buffer if i not in wanted]:
+            self._drop(handle, index)
+
+    def _drop(self, handle: BlockHandle, index: int) -> None:
+        data = handle.buffer.pop(index)
+        self.budget.release(len(data))
+        if index in handle.prefetched:
+            handle.prefetched.discard(index)
+            self._prefetch_wasted += 1
+
+    def _on_fetched(self, key: BlockKey, data: bytes) -> None:
+        self.ram.put(key, data)
+        if self._disk is not None:
+            self._disk.put(key, data)
+
+    def statistics(self) -> BlockManagerStats:
+        return BlockManagerStats(
+            reads=self._reads,
+            bytes_served=self._bytes_served,
+            buffer_hits=self._buffer_hits,
+            ram_hits=self._ram_hits,
+            disk_hits=self._disk_hits,
+            storage_waits=self._storage_waits,
+            storage_wait_s=self._storage_wait_s,
+            prefetch_started=self._prefetch_started,
+            prefetch_used=self._prefetch_used,
+            prefetch_wasted=self._prefetch_wasted,
+            prefetch_skipped_budget=self._prefetch_skipped,
+            read_ahead_bytes=self.budget.used,
+            read_ahead_budget_bytes=self.budget.limit,
+            open_handles=self._handles,
+            ram=self.ram.statistics(),
+            fetcher=self.fetcher.statistics(),
+        )

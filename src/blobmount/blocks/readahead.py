@@ -1,0 +1,64 @@
+"""Read-ahead policy: which blocks to prefetch after a read. Pure; no I/O.
+
+Each open handle tracks a few *streams* (positions of readers moving forward through the file), so
+one handle shared by several threads each reading its own part still gets read-ahead per part.
+A stream earns read-ahead by reading forward: a read that starts a new stream away from the start
+of the file prefetches nothing (random reads waste nothing); each step forward into a new block
+doubles the window, up to DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INITIAL_WINDOW = 2
+MAX_STREAMS = 8
+
+
+@dataclass(slots=True)
+class _Stream:
+    last_block: int
+    window: int
+    tick: int
+
+
+class ReadAheadPolicy:
+    def __init__(self, max_window: int, block_total: int) -> None:
+        self.max_window = max_window
+        self.block_total = block_total
+        self._streams: list[_Stream] = []
+        self._tick = 0
+
+    def on_read(self, first: int, last: int) -> range:
+        """Record a read of blocks [first, last]; return the blocks worth prefetching now."""
+        self._tick += 1
+        stream = self._match(first)
+        if stream is None:
+            window = min(INITIAL_WINDOW, self.max_window) if first == 0 else 0
+            stream = _Stream(last_block=last, window=window, tick=self._tick)
+            self._streams.append(stream)
+            if len(self._streams) > MAX_STREAMS:
+                self._streams.remove(min(self._streams, key=lambda s: s.tick))
+        else:
+            if last > stream.last_block:
+                grown = max(INITIAL_WINDOW, stream.window * 2)
+                stream.window = min(grown, self.max_window)
+                stream.last_block = last
+            stream.tick = self._tick
+        end = min(self.block_total, stream.last_block + 1 + stream.window)
+        return range(stream.last_block + 1, end)
+
+    def _match(self, first: int) -> _Stream | None:
+        # A read continues a stream if it starts in the stream's current block, the next one, or
+        # inside the window already prefetched (concurrent kernel reads can arrive out of order).
+        for s in self._streams:
+            if s.last_block - 1 <= first <= s.last_block + max(1, s.window):
+                return s
+        return None
+
+    def wanted(self) -> set[int]:
+        """Blocks worth keeping in a handle's buffer: near each stream and in its window."""
+        keep: set[int] = set()
+        for s in self._streams:
+            keep.update(range(max(0, s.last_block - 1), s.last_block + 1 + s.window))
+        return keep

@@ -1,0 +1,226 @@
+"""Composition root: settings → source → credentials → storage (+ wrappers) → caches → fs → FUSE.
+
+This is the only module that names concrete classes. It owns the nurseries, pyfuse3's
+init/main/close, signal handling, readiness reporting, and the graceful unmount timeout.
+Everything that can be checked is checked before anything is mounted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.errors import BlobmountError
+from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.readiness import ReadyNotifier
+from blobmount.runstate import MountRecord
+from blobmount.settings import Settings
+from blobmount.source import SourceSpec
+from blobmount.storage.base import StorageClient
+from blobmount.storage.counting import CountingStorageClient
+from blobmount.storage.retry import RetryingStorageClient
+
+if TYPE_CHECKING:
+    from blobmount.fs.fuse_ops import FuseOperations
+
+log = logging.getLogger(__name__)
+
+#: opens the storage client for a mount (tests and the memory:// benchmark pass their own)
+StorageFactory = Callable[[], AbstractAsyncContextManager[StorageClient]]
+
+
+@dataclass(frozen=True, slots=True)
+class MountRequest:
+    spec: SourceSpec
+    mountpoint: Path
+    settings: Settings
+    allow_non_empty: bool = False
+    log_file: Path | None = None
+
+
+def read_ahead_budget(settings: Settings) -> int:
+    """Bytes all open files together may hold in read-ahead (DATASET_MOUNT_READ_AHEAD_MEMORY_LIMIT,
+    or by default room for two files' full read-ahead windows)."""
+    if settings.read_ahead_memory_limit is not None:
+        return settings.read_ahead_memory_limit
+    window = max(1, settings.read_buffer_block_count) * settings.read_block_size
+    return max(2 * window, 4 * settings.read_block_size)
+
+
+def block_manager_config(settings: Settings) -> BlockManagerConfig:
+    return BlockManagerConfig(
+        block_size=settings.read_block_size,
+        read_ahead_blocks=settings.read_buffer_block_count,
+        prefetch_slots=settings.read_threads,
+        ram_bytes=settings.memory_cache_size,
+        read_ahead_budget_bytes=read_ahead_budget(settings),
+    )
+
+
+def fs_config(settings: Settings, spec: SourceSpec) -> FsConfig:
+    ttl = settings.attribute_cache_ttl_ms
+    return FsConfig(
+        blob_prefix=spec.prefix,
+        ttl_s=None if ttl is None else ttl / 1000.0,
+        uid=os.getuid() if settings.uid is None else settings.uid,
+        gid=os.getgid() if settings.gid is None else settings.gid,
+        file_mode=settings.file_mode,
+        dir_mode=settings.dir_mode,
+        mount_time=time.time(),
+        block_size=settings.read_block_size,
+    )
+
+
+def fuse_options(settings: Settings, spec: SourceSpec) -> set[str]:
+    fsname = "".join(c if c.isalnum() or c in ":/._-" else "_" for c in spec.display)
+    options = {f"fsname={fsname}", "subtype=blobmount", "ro", "default_permissions", "noatime"}
+    if settings.allow_other:
+        options.add("allow_other")
+    return options
+
+
+@asynccontextmanager
+async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncIterator[StorageClient]:
+    """The Azure client for `spec`, with its asyncio bridge; closed on exit."""
+    from blobmount.storage._aio_bridge import AsyncioBridge
+    from blobmount.storage.azure_auth import build_storage_client, resolve_access
+
+    access = resolve_access(spec, os.environ, anonymous=settings.anonymous)
+    log.info("storage %s, credentials: %s", spec.display, access.method)
+    bridge = AsyncioBridge()
+    bridge.start()
+    try:
+        client = build_storage_client(
+            access,
+            bridge,
+            connect_timeout_s=settings.connect_timeout_s,
+            read_timeout_s=settings.read_timeout_s,
+            max_connections=max(64, settings.read_threads * 2),
+        )
+        try:
+            yield client
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+    finally:
+        bridge.close()
+
+
+async def check_source(storage: StorageClient, spec: SourceSpec) -> None:
+    """Fail before mounting if the container is missing, the credentials are refused or the
+    endpoint does not answer (raises the matching StorageError)."""
+    await storage.list_page(spec.prefix, delimiter="/", max_results=1)
+
+
+def _probe_mount(mountpoint: Path) -> None:
+    # What a user's first `ls` does: stat the root and read one entry.
+    os.stat(mountpoint)
+    with os.scandir(mountpoint) as entries:
+        next(entries, None)
+
+
+async def serve(
+    request: MountRequest,
+    notifier: ReadyNotifier,
+    storage_factory: StorageFactory | None = None,
+) -> None:
+    """Mount, serve until unmounted or signalled, then unmount. Raises BlobmountError for
+    anything that stops the mount before it is ready."""
+    import pyfuse3
+
+    from blobmount.fs.fuse_ops import FuseOperations
+
+    settings, spec = request.settings, request.spec
+    opener = storage_factory or (lambda: open_azure_storage(settings, spec))
+    async with opener() as azure:
+        retrying = RetryingStorageClient(azure, retries=settings.http_retry_count)
+        storage = CountingStorageClient(retrying)
+        await check_source(storage, spec)
+        async with trio.open_nursery() as work:
+            blocks = BlockManager(storage, block_manager_config(settings), work)
+            fs = BlobFilesystem(storage, blocks, fs_config(settings, spec))
+            ops = FuseOperations(fs)
+            pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
+            record = MountRecord(
+                os.getpid(),
+                str(request.mountpoint),
+                spec.display,
+                str(request.log_file) if request.log_file else None,
+            )
+            try:
+                async with trio.open_nursery() as control:
+                    control.start_soon(_on_signals, ops, settings.unmount_timeout_s)
+                    control.start_soon(_report_ready, request, notifier, record)
+                    await pyfuse3.main()
+                    control.cancel_scope.cancel()
+            finally:
+                log.info("unmounting %s", request.mountpoint)
+                notifier.stopping()
+                # harmless when the kernel side is already gone (fusermount3 -u)
+                pyfuse3.close(unmount=True)
+                record.remove()
+                work.cancel_scope.cancel()
+    log.info("unmounted %s", request.mountpoint)
+
+
+async def _report_ready(request: MountRequest, notifier: ReadyNotifier, record: MountRecord) -> None:
+    try:
+        await trio.to_thread.run_sync(_probe_mount, request.mountpoint)
+    except OSError as exc:
+        log.error("the mount does not answer: %s", exc)
+        notifier.error(f"the mount at {request.mountpoint} does not answer: {exc}")
+        import pyfuse3
+
+        pyfuse3.terminate()
+        return
+    record.save()
+    log.info("mounted %s at %s", request.spec.display, request.mountpoint)
+    notifier.ready(f"mounted {request.spec.display} at {request.mountpoint}")
+
+
+async def _on_signals(ops: FuseOperations, timeout_s: float) -> None:
+    import pyfuse3
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info(
+                "%s: finishing %d requests in flight (at most %ss), then unmounting",
+                signal.Signals(signum).name,
+                ops.active_requests,
+                timeout_s,
+            )
+            with trio.move_on_after(timeout_s) as waited:
+                await ops.wait_idle()
+            if waited.cancelled_caught:
+                log.warning("%d requests still in flight after %ss; unmounting anyway",
+                            ops.active_requests, timeout_s)
+            pyfuse3.terminate()
+            return
+
+
+def run(request: MountRequest, notifier: ReadyNotifier) -> int:
+    """Run a mount in this process until it ends. Returns the process exit status."""
+    from blobmount.mountpoint import prepare_mountpoint
+
+    try:
+        prepare_mountpoint(request.mountpoint, allow_non_empty=request.allow_non_empty)
+        # Resolve symlinks now: once mounted, any stat of the mount point from this process
+        # would wait for this very process to answer it.
+        request = dataclasses.replace(request, mountpoint=request.mountpoint.resolve())
+        trio.run(serve, request, notifier)
+    except BlobmountError as exc:
+        log.error("%s", exc)
+        notifier.error(str(exc))
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Filesystem semantics (plain async Python) and the thin pyfuse3 adapter."""

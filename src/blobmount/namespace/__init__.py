@@ -1,0 +1,1 @@
+"""Directory tree over blob names: inodes, lazy listings, attributes."""

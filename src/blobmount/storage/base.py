@@ -1,0 +1,76 @@
+"""The one small interface between blobmount and a blob store.
+
+Three data operations (list a prefix page by page, get a blob's properties, get a byte range of a
+pinned blob version) plus `aclose`. Implementations raise only `blobmount.errors` exceptions, so
+nothing above this layer knows which HTTP stack (or none) is underneath. All methods are trio
+coroutines.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+#: Azure returns at most this many items per list request.
+MAX_LIST_PAGE = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class BlobProps:
+    """What the mount needs to know about one blob (one version of it)."""
+
+    name: str
+    size: int
+    etag: str
+    last_modified: float  # seconds since the epoch
+    content_md5: bytes | None = None
+    #: a zero-length blob with metadata hdi_isfolder=true stands for a folder
+    is_dir_marker: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a listing: blobs, folder prefixes (ending in the delimiter), and a token for
+    the next page (None on the last page)."""
+
+    blobs: tuple[BlobProps, ...]
+    prefixes: tuple[str, ...]
+    continuation: str | None
+
+
+class StorageClient(ABC):
+    """A read-only view of one container."""
+
+    #: identifies the container across mounts and processes (used to key the disk cache);
+    #: must not contain secrets
+    location: str = ""
+
+    @abstractmethod
+    async def list_page(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        continuation: str | None = None,
+        max_results: int = MAX_LIST_PAGE,
+    ) -> ListPage:
+        """List blobs whose names start with `prefix`, in name order.
+
+        With a delimiter, names that continue past the next delimiter are folded into
+        `prefixes`. Raises ContainerNotFound, CredentialError, StorageUnavailable.
+        """
+
+    @abstractmethod
+    async def get_properties(self, name: str) -> BlobProps:
+        """Properties of the current version of `name`. Raises BlobNotFound."""
+
+    @abstractmethod
+    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) of blob `name`, only if its ETag is still `etag`.
+
+        Returns fewer bytes only when the blob ends first; never a mix of versions.
+        Raises BlobChanged if the ETag differs, BlobNotFound if the blob is gone.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most clients hold nothing
+        """Release connections. The client must not be used afterwards."""

@@ -1,0 +1,62 @@
+"""Fixtures for end-to-end tests: a dataset in Azurite and a real FUSE mount of it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.mount import MountedDaemon, fuse_unavailable_reason
+
+pytestmark = pytest.mark.fuse
+
+
+@pytest.fixture(scope="session")
+def fuse_ok() -> None:
+    reason = fuse_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("BLOBMOUNT_REQUIRE_ALL") == "1":
+            pytest.fail(f"FUSE is required in CI but unavailable: {reason}")
+        pytest.skip(f"FUSE unavailable: {reason}")
+
+
+@pytest.fixture
+def mount_env(azurite) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))}
+    env["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+    env["DATASET_MOUNT_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) /
+                                         f"blobmount-e2e-cache-{uuid.uuid4().hex[:8]}")
+    return env
+
+
+@pytest.fixture
+def mount_factory(fuse_ok, azurite, mount_env, tmp_path, request) -> Iterator:
+    """mount(container, prefix='', env=None, args=()) -> MountedDaemon; all stopped at teardown."""
+    mounts: list[MountedDaemon] = []
+
+    def mount(container: str, prefix: str = "", env: dict[str, str] | None = None,
+              args: tuple[str, ...] = (), name: str | None = None) -> MountedDaemon:
+        uri = f"{azurite.account_url}/{container}" + (f"/{prefix}" if prefix else "")
+        n = len(mounts)
+        daemon = MountedDaemon(uri, tmp_path / (name or f"mnt{n}"), {**mount_env, **(env or {})},
+                               tmp_path / f"daemon{n}.log", tuple(args))
+        mounts.append(daemon)
+        return daemon.start()
+
+    yield mount
+    failed = request.node.rep_call.failed if hasattr(request.node, "rep_call") else False
+    for daemon in mounts:
+        daemon.stop()
+        if failed:
+            print(f"--- daemon log {daemon.log_file} ---\n{daemon.log()[-20000:]}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    setattr(item, "rep_" + rep.when, rep)
+    return rep
