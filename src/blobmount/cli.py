@@ -43,19 +43,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     mount.add_argument("uri", nargs="?", help="az://, https://, http:// (Azurite) or wasbs:// URI")
     mount.add_argument("mountpoint", type=Path)
-    mount.add_argument("-f", "--foreground", action="store_true",
-                       help="stay attached (for systemd and containers); log to stderr")
+    mount.add_argument(
+        "-f",
+        "--foreground",
+        action="store_true",
+        help="stay attached (for systemd and containers); log to stderr",
+    )
     mount.add_argument("--log-file", type=Path, help="daemon log file (default: printed)")
-    mount.add_argument("--allow-other", action="store_true", default=None,
-                       help="let other users read the mount (needs user_allow_other for non-root)")
-    mount.add_argument("--allow-non-empty", action="store_true",
-                       help="mount over a folder that is not empty")
+    mount.add_argument(
+        "--allow-other",
+        action="store_true",
+        default=None,
+        help="let other users read the mount (needs user_allow_other for non-root)",
+    )
+    mount.add_argument(
+        "--allow-non-empty", action="store_true", help="mount over a folder that is not empty"
+    )
     mount.add_argument("--uid", type=int, help="owner of files in the mount")
     mount.add_argument("--gid", type=int, help="group of files in the mount")
     mount.add_argument("--file-mode", help="permission bits of files, octal (default 0444)")
     mount.add_argument("--dir-mode", help="permission bits of folders, octal (default 0555)")
-    mount.add_argument("--anonymous", action="store_true", default=None,
-                       help="no credentials (public containers)")
+    mount.add_argument(
+        "--anonymous", action="store_true", default=None, help="no credentials (public containers)"
+    )
 
     unmount = sub.add_parser("unmount", help="unmount gracefully")
     unmount.add_argument("mountpoint", type=Path)

@@ -174,7 +174,9 @@ async def serve(
     log.info("unmounted %s", request.mountpoint)
 
 
-async def _report_ready(request: MountRequest, notifier: ReadyNotifier, record: MountRecord) -> None:
+async def _report_ready(
+    request: MountRequest, notifier: ReadyNotifier, record: MountRecord
+) -> None:
     try:
         await trio.to_thread.run_sync(_probe_mount, request.mountpoint)
     except OSError as exc:
@@ -203,8 +205,11 @@ async def _on_signals(ops: FuseOperations, timeout_s: float) -> None:
             with trio.move_on_after(timeout_s) as waited:
                 await ops.wait_idle()
             if waited.cancelled_caught:
-                log.warning("%d requests still in flight after %ss; unmounting anyway",
-                            ops.active_requests, timeout_s)
+                log.warning(
+                    "%d requests still in flight after %ss; unmounting anyway",
+                    ops.active_requests,
+                    timeout_s,
+                )
             pyfuse3.terminate()
             return
 

@@ -3,7 +3,7 @@
     BlobmountError
     ├── ConfigError            a setting has a bad value (names the variable, value, what is allowed)
     ├── SourceError            a URI cannot be parsed or names no container
-    ├── MountPointError        the mount point is missing, not a folder, not empty, already mounted
+    ├── MountPointError        mount point missing, not a folder, not empty, already mounted
     └── StorageError           anything that went wrong talking to storage
         ├── CredentialError    storage refused our identity (401/403, bad key, expired SAS)
         ├── ContainerNotFound  the container does not exist

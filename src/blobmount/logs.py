@@ -34,7 +34,9 @@ class RedactingFormatter(logging.Formatter):
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
-def setup_logging(level: str = "INFO", *, log_file: Path | None = None, stderr: bool = True) -> None:
+def setup_logging(
+    level: str = "INFO", *, log_file: Path | None = None, stderr: bool = True
+) -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 def _unescape(field: str) -> str:
     # /proc/mounts escapes space, tab, newline and backslash as octal
     return (
-        field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+        field.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
         .replace("\\134", "\\")
     )
 

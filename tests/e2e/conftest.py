@@ -25,11 +25,15 @@ def fuse_ok() -> None:
 
 @pytest.fixture
 def mount_env(azurite) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))
+    }
     env["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-    env["DATASET_MOUNT_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) /
-                                         f"blobmount-e2e-cache-{uuid.uuid4().hex[:8]}")
+    env["DATASET_MOUNT_CACHE_DIR"] = str(
+        Path(os.environ.get("TMPDIR", "/tmp")) / f"blobmount-e2e-cache-{uuid.uuid4().hex[:8]}"
+    )
     return env
 
 
@@ -38,12 +42,22 @@ def mount_factory(fuse_ok, azurite, mount_env, tmp_path, request) -> Iterator:
     """mount(container, prefix='', env=None, args=()) -> MountedDaemon; all stopped at teardown."""
     mounts: list[MountedDaemon] = []
 
-    def mount(container: str, prefix: str = "", env: dict[str, str] | None = None,
-              args: tuple[str, ...] = (), name: str | None = None) -> MountedDaemon:
+    def mount(
+        container: str,
+        prefix: str = "",
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        name: str | None = None,
+    ) -> MountedDaemon:
         uri = f"{azurite.account_url}/{container}" + (f"/{prefix}" if prefix else "")
         n = len(mounts)
-        daemon = MountedDaemon(uri, tmp_path / (name or f"mnt{n}"), {**mount_env, **(env or {})},
-                               tmp_path / f"daemon{n}.log", tuple(args))
+        daemon = MountedDaemon(
+            uri,
+            tmp_path / (name or f"mnt{n}"),
+            {**mount_env, **(env or {})},
+            tmp_path / f"daemon{n}.log",
+            tuple(args),
+        )
         mounts.append(daemon)
         return daemon.start()
 

@@ -64,8 +64,13 @@ def dataset(azurite, tmp_path_factory):
     for name, size in SIZES.items():
         items.append((f"sizes/{name}.bin", pattern_bytes(name, 0, size)))
         expected[f"sizes/{name}.bin"] = pattern_sha256(name, size)
-    for path in ("deep/a/b/c/d/leaf.txt", "deep/a/sibling.txt", "with space/file name.txt",
-                 "ünïcødé/naïve 文件.txt", "top.txt"):
+    for path in (
+        "deep/a/b/c/d/leaf.txt",
+        "deep/a/sibling.txt",
+        "with space/file name.txt",
+        "ünïcødé/naïve 文件.txt",
+        "top.txt",
+    ):
         data = f"content of {path}\n".encode()
         items.append((path, data))
         expected[path] = hashlib.sha256(data).hexdigest()
@@ -115,8 +120,9 @@ def test_tree_has_folders_markers_and_odd_names(dataset, mount_factory):
     assert st.st_mode & 0o777 == 0o444
     assert os.stat(mnt / "deep").st_mode & 0o777 == 0o555
     # ordinary tools agree
-    out = subprocess.run(["find", str(mnt), "-type", "f"], capture_output=True, text=True,
-                         check=True).stdout.split("\n")
+    out = subprocess.run(
+        ["find", str(mnt), "-type", "f"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert len([line for line in out if line]) == len(expected)
 
 
@@ -190,8 +196,10 @@ def test_mmap_reads_right(dataset, mount_factory):
     container, _ = dataset
     mnt = mount_factory(container).mountpoint
     size = SIZES["block_plus"]
-    with open(mnt / "sizes/block_plus.bin", "rb") as f, \
-            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with (
+        open(mnt / "sizes/block_plus.bin", "rb") as f,
+        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+    ):
         assert len(m) == size
         assert m[:100] == pattern_bytes("block_plus", 0, 100)
         assert m[size - 5000 :] == pattern_bytes("block_plus", size - 5000, 5000)

@@ -34,8 +34,14 @@ def is_mounted(path: Path) -> bool:
 class MountedDaemon:
     """`blobmount mount --foreground URI MOUNTPOINT` in a subprocess."""
 
-    def __init__(self, uri: str, mountpoint: Path, env: dict[str, str], log_file: Path,
-                 extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        uri: str,
+        mountpoint: Path,
+        env: dict[str, str],
+        log_file: Path,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.uri = uri
         self.mountpoint = mountpoint
         self.env = env
@@ -45,10 +51,25 @@ class MountedDaemon:
 
     def start(self, timeout_s: float = 60) -> MountedDaemon:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "blobmount", "mount", "--foreground",
-               "--log-file", str(self.log_file), *self.extra_args, self.uri, str(self.mountpoint)]
-        self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        cmd = [
+            sys.executable,
+            "-m",
+            "blobmount",
+            "mount",
+            "--foreground",
+            "--log-file",
+            str(self.log_file),
+            *self.extra_args,
+            self.uri,
+            str(self.mountpoint),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -77,8 +98,12 @@ class MountedDaemon:
     def stop(self, timeout_s: float = 30) -> int | None:
         if is_mounted(self.mountpoint):
             for args in (["-u"], ["-u", "-z"]):
-                if subprocess.run(["fusermount3", *args, str(self.mountpoint)],
-                                  capture_output=True).returncode == 0:
+                if (
+                    subprocess.run(
+                        ["fusermount3", *args, str(self.mountpoint)], capture_output=True
+                    ).returncode
+                    == 0
+                ):
                     break
         if self.proc is None:
             return None

@@ -133,11 +133,27 @@ class BlobFilesystem:
         mtime = props.last_modified if props is not None else cfg.mount_time
         if node.is_dir:
             # nlink 1: "unknown number of subfolders", so find(1) does not skip any
-            return Attr(node.inode, stat.S_IFDIR | cfg.dir_mode, 0, mtime, cfg.uid, cfg.gid, 1,
-                        cfg.block_size)
+            return Attr(
+                node.inode,
+                stat.S_IFDIR | cfg.dir_mode,
+                0,
+                mtime,
+                cfg.uid,
+                cfg.gid,
+                1,
+                cfg.block_size,
+            )
         size = props.size if props is not None else 0
-        return Attr(node.inode, stat.S_IFREG | cfg.file_mode, size, mtime, cfg.uid, cfg.gid, 1,
-                    cfg.block_size)
+        return Attr(
+            node.inode,
+            stat.S_IFREG | cfg.file_mode,
+            size,
+            mtime,
+            cfg.uid,
+            cfg.gid,
+            1,
+            cfg.block_size,
+        )
 
     def _listing(self, path: str) -> DirListing | None:
         listing = self._listings.get(path)

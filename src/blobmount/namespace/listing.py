@@ -75,7 +75,9 @@ class DirListing:
         existing = self.entries[i]
         if is_dir and not existing.is_dir:
             # A blob "x" next to a folder "x/": the folder wins (it holds the data).
-            note_skipped(existing.props.name if existing.props else blob_name, "shadowed by a folder")
+            note_skipped(
+                existing.props.name if existing.props else blob_name, "shadowed by a folder"
+            )
             self.entries[i] = DirEntry(name, True, props)
         elif is_dir and existing.props is None and props is not None:
             existing.props = props  # a marker blob for a folder already seen: keep its mtime

@@ -29,7 +29,9 @@ class InMemoryStorageClient(StorageClient):
 
     # -- changing the store (what another writer would do) ---------------------------------
 
-    def put(self, name: str, data: bytes, *, dir_marker: bool = False, md5: bool = True) -> BlobProps:
+    def put(
+        self, name: str, data: bytes, *, dir_marker: bool = False, md5: bool = True
+    ) -> BlobProps:
         """Create or replace a blob; a replacement gets a new ETag."""
         if name not in self._data:
             bisect.insort(self._names, name)

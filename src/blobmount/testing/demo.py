@@ -92,8 +92,10 @@ def show(mountpoint: Path, items: list[tuple[str, bytes]]) -> None:
             bad += 1
             print(f"MISMATCH: {path}")
     elapsed = time.monotonic() - started
-    print(f"\nverified {len(items)} files byte for byte in {elapsed:.1f}s: "
-          f"{'all correct' if bad == 0 else f'{bad} WRONG'}")
+    print(
+        f"\nverified {len(items)} files byte for byte in {elapsed:.1f}s: "
+        f"{'all correct' if bad == 0 else f'{bad} WRONG'}"
+    )
 
     started = time.monotonic()
     with open(mountpoint / "features.bin", "rb") as f:
@@ -101,8 +103,10 @@ def show(mountpoint: Path, items: list[tuple[str, bytes]]) -> None:
         while chunk := f.read(4 * MiB):
             size += len(chunk)
     elapsed = time.monotonic() - started
-    print(f"sequential read of features.bin ({size / MiB:.0f} MiB, second read): "
-          f"{size / MiB / elapsed:.0f} MiB/s")
+    print(
+        f"sequential read of features.bin ({size / MiB:.0f} MiB, second read): "
+        f"{size / MiB / elapsed:.0f} MiB/s"
+    )
     if shutil.which("df"):
         subprocess.run(["df", "-h", str(mountpoint)], check=False)
     if bad:
