@@ -1,7 +1,7 @@
 """The exception tree of blobmount. Imports nothing from the package.
 
     BlobmountError
-    ├── ConfigError            a setting has a bad value (names the variable, value, what is allowed)
+    ├── ConfigError            a setting has a bad value (names variable, value, what is allowed)
     ├── SourceError            a URI cannot be parsed or names no container
     ├── MountPointError        mount point missing, not a folder, not empty, already mounted
     └── StorageError           anything that went wrong talking to storage
