@@ -70,7 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     unmount = sub.add_parser("unmount", help="unmount gracefully")
     unmount.add_argument("mountpoint", type=Path)
 
+    stats = sub.add_parser("stats", help="show a live mount's statistics")
+    stats.add_argument("mountpoint", type=Path)
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+
     sub.add_parser("config", help="print the effective settings")
+
+    from blobmount.download.command import add_download_parser
+
+    add_download_parser(sub)
     return parser
 
 
@@ -97,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             return _unmount(args.mountpoint)
         if args.command == "config":
             return _config()
+        if args.command == "stats":
+            return _stats(args.mountpoint, as_json=args.json)
+        if args.command == "download":
+            from blobmount.download.command import run_download
+
+            return run_download(args)
     except BlobmountError as exc:
         print(f"blobmount: {exc}", file=sys.stderr)
         return 1
@@ -113,6 +127,21 @@ def _config() -> int:
     width = max(len(name) for name, _, _ in rows)
     for name, value, source in rows:
         print(f"{name:<{width}}  {value:<16} ({source})")
+    return 0
+
+
+def _stats(mountpoint: Path, *, as_json: bool) -> int:
+    import json
+
+    from blobmount.runstate import stats_socket
+    from blobmount.stats import fetch_stats, format_stats
+
+    try:
+        snapshot = fetch_stats(stats_socket(mountpoint.absolute()))
+    except OSError as exc:
+        print(f"blobmount: no live mount at {mountpoint} ({exc.strerror or exc})", file=sys.stderr)
+        return 1
+    print(json.dumps(snapshot, indent=2) if as_json else format_stats(snapshot))
     return 0
 
 

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from blobmount.blocks.disk_tier import open_disk_tier
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobmountError
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.readiness import ReadyNotifier
-from blobmount.runstate import MountRecord
+from blobmount.runstate import MountRecord, stats_socket
 from blobmount.settings import Settings
+from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.source import SourceSpec
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
@@ -147,8 +149,11 @@ async def serve(
         retrying = RetryingStorageClient(azure, retries=settings.http_retry_count)
         storage = CountingStorageClient(retrying)
         await check_source(storage, spec)
-        async with trio.open_nursery() as work:
-            blocks = BlockManager(storage, block_manager_config(settings), work)
+        async with (
+            open_disk_tier(settings, storage.location) as disk,
+            trio.open_nursery() as work,
+        ):
+            blocks = BlockManager(storage, block_manager_config(settings), work, disk)
             fs = BlobFilesystem(storage, blocks, fs_config(settings, spec))
             ops = FuseOperations(fs)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
@@ -158,8 +163,28 @@ async def serve(
                 spec.display,
                 str(request.log_file) if request.log_file else None,
             )
+            meter = ThroughputMeter(lambda: blocks.statistics().bytes_served)
+            started = time.monotonic()
+
+            def snapshot() -> Snapshot:
+                return {
+                    "source": spec.display,
+                    "mountpoint": str(request.mountpoint),
+                    "pid": os.getpid(),
+                    "uptime_s": time.monotonic() - started,
+                    "throughput_bytes_per_s": meter.bytes_per_s(),
+                    "open_files": fs.open_files,
+                    "inodes": len(fs.inodes),
+                    "storage": as_dict(storage.statistics()),
+                    "retry": as_dict(retrying.statistics()),
+                    "blocks": as_dict(blocks.statistics()),
+                    "disk": None if disk is None else as_dict(disk.statistics()),
+                }
+
             try:
                 async with trio.open_nursery() as control:
+                    control.start_soon(serve_stats, stats_socket(request.mountpoint), snapshot)
+                    control.start_soon(_sample_every_second, meter)
                     control.start_soon(_on_signals, ops, settings.unmount_timeout_s)
                     control.start_soon(_report_ready, request, notifier, record)
                     await pyfuse3.main()
@@ -172,6 +197,12 @@ async def serve(
                 record.remove()
                 work.cancel_scope.cancel()
     log.info("unmounted %s", request.mountpoint)
+
+
+async def _sample_every_second(meter: ThroughputMeter) -> None:
+    while True:
+        meter.sample()
+        await trio.sleep(1)
 
 
 async def _report_ready(

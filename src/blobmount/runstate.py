@@ -29,6 +29,11 @@ def _key(mountpoint: Path) -> str:
     return hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:16]
 
 
+def stats_socket(mountpoint: Path) -> Path:
+    """Where a mount's daemon answers `blobmount stats` (outside the mounted namespace)."""
+    return runtime_dir() / f"{_key(mountpoint)}.sock"
+
+
 def default_log_file(mountpoint: Path) -> Path:
     slug = os.path.abspath(mountpoint).strip("/").replace("/", "_") or "root"
     return state_dir() / "logs" / f"{slug[:80]}-{_key(mountpoint)[:8]}.log"

@@ -1,4 +1,8 @@
-"""Fetch pool: at most one in-flight ranged GET per block, shared by every waiter.
+"""Fetch pool: at most one in-flight load per block, shared by every waiter.
+
+A load reads the block from the disk tier when it has a valid copy, else from storage (and the
+block is then offered to the disk tier). Running disk reads through the in-flight table too means
+concurrent readers of a block cost one disk read or one GET, never several.
 
 Two kinds of fetch share the in-flight table:
 - *demand* fetches (a reader is waiting) start at once; they are bounded by the number of
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -26,6 +31,22 @@ from blobmount.storage.base import StorageClient
 log = logging.getLogger(__name__)
 
 
+class DiskTier(Protocol):
+    """The second cache layer (blobmount.blocks.disk_tier). `get` returns a verified block or
+    None (never raises for a bad cache file: it is dropped and refetched); `put` queues a write
+    in the background and never blocks."""
+
+    async def get(self, key: BlockKey) -> bytes | None: ...
+
+    def put(self, key: BlockKey, data: bytes) -> None: ...
+
+    def statistics(self) -> object: ...
+
+
+#: told about every block that arrives from storage or disk: (key, data, came_from_disk)
+Arrival = Callable[[BlockKey, bytes, bool], None]
+
+
 @dataclass(frozen=True, slots=True)
 class FetcherStats:
     in_flight: int
@@ -34,6 +55,7 @@ class FetcherStats:
     prefetches: int
     promoted: int
     fetched_bytes: int
+    disk_hits: int
     failed: int
 
 
@@ -65,18 +87,21 @@ class BlockFetcher:
         block_size: int,
         prefetch_slots: int,
         nursery: trio.Nursery,
-        on_fetched: Callable[[BlockKey, bytes], None] | None = None,
+        on_arrival: Arrival | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
         self._storage = storage
+        self._disk = disk
         self._block_size = block_size
         self._limiter = trio.CapacityLimiter(max(1, prefetch_slots))
         self._nursery = nursery
-        self._on_fetched = on_fetched
+        self._on_arrival = on_arrival
         self._in_flight: dict[BlockKey, _Fetch] = {}
         self._demand = 0
         self._prefetches = 0
         self._promoted = 0
         self._fetched_bytes = 0
+        self._disk_hits = 0
         self._failed = 0
 
     def in_flight(self, key: BlockKey) -> bool:
@@ -128,7 +153,14 @@ class BlockFetcher:
                     acquired = True
                 fetch.queue_scope = None
             start, length = block_span(key.index, self._block_size, version.size)
-            data = await self._storage.get_range(key.name, key.etag, start, length)
+            from_disk = False
+            data = None
+            if self._disk is not None:
+                data = await self._disk.get(key)
+                from_disk = data is not None and len(data) == length
+            if not from_disk:
+                data = await self._storage.get_range(key.name, key.etag, start, length)
+            assert data is not None
             if len(data) != length:
                 # A version is immutable: a short block means the store is broken, not that the
                 # blob shrank (that would be a new ETag). Never serve it.
@@ -136,9 +168,12 @@ class BlockFetcher:
                     f"short block {key.index} of {key.name}: got {len(data)} of {length} bytes"
                 )
             fetch.data = data
-            self._fetched_bytes += len(data)
-            if self._on_fetched is not None:
-                self._on_fetched(key, data)
+            if from_disk:
+                self._disk_hits += 1
+            else:
+                self._fetched_bytes += len(data)
+            if self._on_arrival is not None:
+                self._on_arrival(key, data, from_disk)
         except Exception as exc:  # handed to every waiter
             self._failed += 1
             fetch.error = exc
@@ -164,5 +199,6 @@ class BlockFetcher:
             prefetches=self._prefetches,
             promoted=self._promoted,
             fetched_bytes=self._fetched_bytes,
+            disk_hits=self._disk_hits,
             failed=self._failed,
         )

@@ -1,7 +1,8 @@
 """BlockManager: serve reads of pinned blob versions from fixed-size blocks.
 
 Lookup order for a block: the handle's own buffer (blocks it is reading now and its read-ahead),
-the RAM tier, the disk tier (when there is one), an in-flight fetch, a new fetch. A read returns as
+the RAM tier, an in-flight load, a new load (the disk tier when it has the block, else storage;
+see fetcher.py). A read returns as
 soon as its own blocks are there; it never waits for read-ahead.
 
 Memory: the RAM tier is bounded by its capacity; blocks held by handles (current and prefetched)
@@ -16,11 +17,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import trio
 
-from blobmount.blocks.fetcher import BlockFetcher, FetcherStats
+from blobmount.blocks.fetcher import BlockFetcher, DiskTier, FetcherStats
 from blobmount.blocks.keys import BlobVersion, BlockKey, block_count, block_span, blocks_covering
 from blobmount.blocks.ram_tier import RamTier, RamTierStats
 from blobmount.blocks.readahead import ReadAheadPolicy
@@ -42,21 +42,12 @@ class BlockManagerConfig:
             raise ValueError("block_size must be positive")
 
 
-class DiskTier(Protocol):
-    """The second cache layer (see blobmount.blocks.disk_tier); optional."""
-
-    async def get(self, key: BlockKey) -> bytes | None: ...
-
-    def put(self, key: BlockKey, data: bytes) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class BlockManagerStats:
     reads: int
     bytes_served: int
     buffer_hits: int
     ram_hits: int
-    disk_hits: int
     storage_waits: int
     storage_wait_s: float
     prefetch_started: int
@@ -117,14 +108,13 @@ class BlockManager:
         self.ram = RamTier(config.ram_bytes)
         self.budget = ReadAheadBudget(config.read_ahead_budget_bytes)
         self.fetcher = BlockFetcher(
-            storage, config.block_size, config.prefetch_slots, nursery, self._on_fetched
+            storage, config.block_size, config.prefetch_slots, nursery, self._on_arrival, disk_tier
         )
         self._handles = 0
         self._reads = 0
         self._bytes_served = 0
         self._buffer_hits = 0
         self._ram_hits = 0
-        self._disk_hits = 0
         self._storage_waits = 0
         self._storage_wait_s = 0.0
         self._prefetch_started = 0
@@ -193,18 +183,12 @@ class BlockManager:
         if data is not None:
             self._ram_hits += 1
         else:
-            if self._disk is not None:
-                data = await self._disk.get(key)
-            if data is not None:
-                self._disk_hits += 1
-                self.ram.put(key, data)
-            else:
-                started = trio.current_time()
-                try:
-                    data = await self.fetcher.get(key, version, urgent=True)
-                finally:
-                    self._storage_waits += 1
-                    self._storage_wait_s += trio.current_time() - started
+            started = trio.current_time()
+            try:
+                data = await self.fetcher.get(key, version, urgent=True)
+            finally:
+                self._storage_waits += 1
+                self._storage_wait_s += trio.current_time() - started
         self._retain(handle, index, data, reserved=0)
         return data
 
@@ -268,9 +252,9 @@ class BlockManager:
             handle.prefetched.discard(index)
             self._prefetch_wasted += 1
 
-    def _on_fetched(self, key: BlockKey, data: bytes) -> None:
-        self.ram.put(key, data)
-        if self._disk is not None:
+    def _on_arrival(self, key: BlockKey, data: bytes, from_disk: bool) -> None:
+        self.ram.put(key, data)  # a disk hit is promoted to RAM
+        if self._disk is not None and not from_disk:
             self._disk.put(key, data)
 
     def statistics(self) -> BlockManagerStats:
@@ -279,7 +263,6 @@ class BlockManager:
             bytes_served=self._bytes_served,
             buffer_hits=self._buffer_hits,
             ram_hits=self._ram_hits,
-            disk_hits=self._disk_hits,
             storage_waits=self._storage_waits,
             storage_wait_s=self._storage_wait_s,
             prefetch_started=self._prefetch_started,

@@ -1,0 +1,1 @@
+"""Download mode: copy a container or prefix to local disk (issue 6)."""

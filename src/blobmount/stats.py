@@ -1,0 +1,123 @@
+"""Live statistics of a mount: gathered from each component's `statistics()`, served as JSON on a
+Unix socket in the runtime folder (never inside the mounted namespace), and formatted for humans.
+
+The JSON never contains secrets: only counters, sizes and the source's display form.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from blobmount.units import format_size
+
+log = logging.getLogger(__name__)
+
+Snapshot = dict[str, Any]
+
+
+def as_dict(stats: object) -> dict[str, Any]:
+    """A statistics dataclass (nested ones included) as plain JSON-able values."""
+    assert dataclasses.is_dataclass(stats) and not isinstance(stats, type)
+    return dataclasses.asdict(stats)
+
+
+class ThroughputMeter:
+    """Bytes per second over the last few seconds, from a counter sampled once a second."""
+
+    def __init__(self, read_total: Callable[[], int], window_s: int = 5) -> None:
+        self._read_total = read_total
+        self._samples: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=window_s + 1
+        )
+
+    def sample(self) -> None:
+        self._samples.append((time.monotonic(), self._read_total()))
+
+    def bytes_per_s(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+async def serve_stats(path: Path, snapshot: Callable[[], Snapshot]) -> None:
+    """Answer every connection on `path` with one JSON snapshot. Runs until cancelled."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.bind(str(path))
+    os.chmod(path, 0o600)
+    sock.listen(16)
+
+    async def answer(stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                await stream.send_all(json.dumps(snapshot(), default=str).encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    try:
+        await trio.serve_listeners(answer, [trio.SocketListener(sock)])
+    finally:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def fetch_stats(path: Path, timeout_s: float = 5.0) -> Snapshot:
+    """Read one snapshot from a mount's stats socket (blocking; for the CLI and tests)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(path))
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    data: Snapshot = json.loads(b"".join(chunks))
+    return data
+
+
+def _ratio(hits: int, total: int) -> str:
+    return f"{hits / total:.1%}" if total else "-"
+
+
+def format_stats(s: Snapshot) -> str:
+    """A human-readable summary of a snapshot."""
+    st, blocks, retry = s["storage"], s["blocks"], s["retry"]
+    ram, fetcher = blocks["ram"], blocks["fetcher"]
+    block_lookups = blocks["buffer_hits"] + blocks["ram_hits"] + blocks["storage_waits"]
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(st["errors"].items())) or "none"
+    lines = [
+        f"source            {s['source']}",
+        f"mount point       {s['mountpoint']} (pid {s['pid']}, up {s['uptime_s']:.0f}s)",
+        f"served to readers {format_size(blocks['bytes_served'])} in {blocks['reads']} reads, "
+        f"now {format_size(int(s['throughput_bytes_per_s']))}/s",
+        f"storage requests  {st['range_requests']} range ({format_size(st['range_bytes'])}), "
+        f"{st['list_requests']} list, {st['properties_requests']} properties",
+        f"retries / errors  {retry['retries']} retries, {retry['gave_up']} gave up; errors: "
+        f"{errors}",
+        f"cache hits        buffer+RAM {_ratio(blocks['buffer_hits'] + blocks['ram_hits'], block_lookups)}"
+        f", disk {fetcher['disk_hits']} blocks",
+        f"read-ahead        {blocks['prefetch_started']} fetched, {blocks['prefetch_used']} used, "
+        f"{blocks['prefetch_wasted']} wasted; holding {format_size(blocks['read_ahead_bytes'])}"
+        f" of {format_size(blocks['read_ahead_budget_bytes'])}",
+        f"RAM tier          {format_size(ram['used_bytes'])} of {format_size(ram['capacity_bytes'])}"
+        f" ({ram['entries']} blocks)",
+        f"waiting on storage {blocks['storage_waits']} reads, {blocks['storage_wait_s']:.2f}s total",
+        f"open files        {s['open_files']}, inodes {s['inodes']}",
+    ]
+    return "\n".join(lines)
