@@ -22,11 +22,11 @@ import trio
 
 from blobmount.blocks.disk_tier import open_disk_tier
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
-from blobmount.errors import BlobmountError
+from blobmount.errors import BlobmountError, StorageError
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, stats_socket
-from blobmount.settings import Settings
+from blobmount.settings import Settings, describe
 from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.source import SourceSpec
 from blobmount.storage.base import StorageClient
@@ -100,6 +100,7 @@ async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncItera
 
     access = resolve_access(spec, os.environ, anonymous=settings.anonymous)
     log.info("storage %s, credentials: %s", spec.display, access.method)
+    log.info("settings: %s", "; ".join(f"{name}={value}" for name, value, _ in describe(settings)))
     bridge = AsyncioBridge()
     bridge.start()
     try:
@@ -121,8 +122,11 @@ async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncItera
 
 async def check_source(storage: StorageClient, spec: SourceSpec) -> None:
     """Fail before mounting if the container is missing, the credentials are refused or the
-    endpoint does not answer (raises the matching StorageError)."""
-    await storage.list_page(spec.prefix, delimiter="/", max_results=1)
+    endpoint does not answer (raises the matching StorageError, saying which source)."""
+    try:
+        await storage.list_page(spec.prefix, delimiter="/", max_results=1)
+    except StorageError as exc:
+        raise type(exc)(f"cannot mount {spec.display}: {exc}") from None
 
 
 def _probe_mount(mountpoint: Path) -> None:
