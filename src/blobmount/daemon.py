@@ -27,8 +27,8 @@ from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, stats_socket
 from blobmount.settings import Settings, describe
-from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.source import SourceSpec
+from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.retry import RetryingStorageClient

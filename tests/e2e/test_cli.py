@@ -158,7 +158,7 @@ def test_secrets_never_reach_logs_or_ps(azurite, small_container, mountpoint, mo
         permission=ContainerSasPermissions(read=True, list=True),
         expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1),
     )
-    signature = [p for p in sas.split("&") if p.startswith("sig=")][0][4:]
+    signature = next(p for p in sas.split("&") if p.startswith("sig="))[4:]
     env = {k: v for k, v in mount_env.items() if k != "AZURE_STORAGE_CONNECTION_STRING"}
     env["DATASET_MOUNT_LOG_LEVEL"] = "DEBUG"
     log_file = tmp_path / "daemon.log"
