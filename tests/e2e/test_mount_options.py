@@ -1,0 +1,85 @@
+"""Mount options through a real mount: other users, ownership and modes, kernel page cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from blobmount.runstate import stats_socket
+from blobmount.stats import fetch_stats
+from blobmount.testing.pattern import pattern_bytes
+
+pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
+
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def container(azurite):
+    name = f"opts-{uuid.uuid4().hex[:8]}"
+    azurite.create_container(name)
+    azurite.upload_many(name, [("data/x.bin", pattern_bytes("x", 0, 5 * 1024 * 1024))])
+    return name
+
+
+def read_as(uid: int, path) -> subprocess.CompletedProcess[bytes]:
+    def drop() -> None:
+        os.setgid(uid)
+        os.setuid(uid)
+
+    # a system binary: the test's own Python may live where `nobody` cannot go
+    return subprocess.run(
+        ["head", "-c", "100", str(path)], preexec_fn=drop, capture_output=True, check=False
+    )
+
+
+@pytest.fixture
+def traversable_tmp(tmp_path):
+    # pytest's tmp dirs are 0700: let another user walk down to the mount point
+    for parent in [tmp_path, *tmp_path.parents]:
+        if str(parent) == "/":
+            break
+        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+    return tmp_path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_other_users_need_allow_other(container, mount_factory, traversable_tmp):
+    private = mount_factory(container, name="private").mountpoint
+    shared = mount_factory(container, args=("--allow-other",), name="shared").mountpoint
+    assert read_as(NOBODY, private / "data/x.bin").returncode != 0
+    done = read_as(NOBODY, shared / "data/x.bin")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == pattern_bytes("x", 0, 100)
+
+
+def test_ownership_and_modes_are_presented_as_asked(container, mount_factory):
+    env = {"DATASET_MOUNT_DIR_MODE": "0550"}
+    args = ("--uid", "1234", "--gid", "4321", "--file-mode", "0440")
+    mnt = mount_factory(container, env=env, args=args).mountpoint
+    st = os.stat(mnt / "data/x.bin")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1234, 4321, 0o440)
+    assert os.stat(mnt / "data").st_mode & 0o777 == 0o550
+    assert st.st_size == 5 * 1024 * 1024
+
+
+def test_second_read_of_unchanged_file_is_served_by_the_kernel(container, mount_factory):
+    daemon = mount_factory(container, env={"DATASET_MOUNT_MEMORY_CACHE_SIZE": "0"})
+    path = daemon.mountpoint / "data/x.bin"
+    expected = pattern_bytes("x", 0, 5 * 1024 * 1024)
+    assert path.read_bytes() == expected
+    before = fetch_stats(stats_socket(daemon.mountpoint))
+    assert path.read_bytes() == expected  # a new open of the same version
+    after = fetch_stats(stats_socket(daemon.mountpoint))
+    assert after["storage"]["range_requests"] == before["storage"]["range_requests"]
+    assert after["blocks"]["reads"] == before["blocks"]["reads"]  # no read reached the daemon
+
+
+def test_stats_channel_is_not_in_the_namespace(container, mount_factory):
+    mnt = mount_factory(container).mountpoint
+    found = [os.path.join(root, n) for root, dirs, files in os.walk(mnt) for n in dirs + files]
+    assert sorted(os.path.relpath(p, mnt) for p in found) == ["data", "data/x.bin"]
+    assert not str(stats_socket(mnt)).startswith(str(mnt))
