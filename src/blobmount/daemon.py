@@ -81,6 +81,7 @@ def fs_config(settings: Settings, spec: SourceSpec) -> FsConfig:
         dir_mode=settings.dir_mode,
         mount_time=time.time(),
         block_size=settings.read_block_size,
+        listing_mode=settings.listing_mode,
     )
 
 
@@ -179,6 +180,7 @@ async def serve(
                     "throughput_bytes_per_s": meter.bytes_per_s(),
                     "open_files": fs.open_files,
                     "inodes": len(fs.inodes),
+                    "namespace": as_dict(fs.statistics()),
                     "storage": as_dict(storage.statistics()),
                     "retry": as_dict(retrying.statistics()),
                     "blocks": as_dict(blocks.statistics()),

@@ -306,6 +306,19 @@ class _LogLevel(_Rule):
         return level
 
 
+class _Choice(_Rule):
+    """One of a few lower-case words."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.allowed = "one of " + ", ".join(choices)
+
+    def parse(self, value: object) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in self.choices:
+            raise ValueError("not one of the choices")
+        return value.strip().lower()
+
+
 class _Optional(_Rule):
     """Wraps a rule for a field whose default None has a meaning (`none_text`)."""
 
@@ -446,6 +459,9 @@ class Settings(BaseSettings):
     )
     log_level: Annotated[str, _LogLevel()] = _env("DATASET_MOUNT_LOG_LEVEL", "INFO")
     anonymous: Annotated[bool, _Bool()] = _env("DATASET_MOUNT_ANONYMOUS", False)
+    listing_mode: Annotated[str, _Choice("auto", "hierarchical", "flat")] = _env(
+        "DATASET_MOUNT_LISTING_MODE", "auto"
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

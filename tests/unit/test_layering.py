@@ -18,7 +18,7 @@ FORBIDDEN = {
     "blocks": ("namespace", "fs", "daemon", "cli", "download", "wholefile"),
     "namespace": ("blocks", "fs", "daemon", "cli", "download"),
     "fs": ("daemon", "cli", "download"),
-    "download": ("fs", "namespace", "blocks", "cli"),
+    "download": ("fs", "blocks", "cli"),
 }
 LEAVES = ("errors", "units", "source")  # import nothing from blobmount but each other
 

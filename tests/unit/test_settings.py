@@ -82,6 +82,7 @@ CASES: list[tuple[str, str, Any, str, Any, str]] = [
     ("log_file", "DATASET_MOUNT_LOG_FILE", None, "/var/log/bm.log", Path("/var/log/bm.log"), "\0"),
     ("log_level", "DATASET_MOUNT_LOG_LEVEL", "INFO", "debug", "DEBUG", "TRACE"),
     ("anonymous", "DATASET_MOUNT_ANONYMOUS", False, "1", True, "nope"),
+    ("listing_mode", "DATASET_MOUNT_LISTING_MODE", "auto", "FLAT", "flat", "tree"),
 ]
 IDS = [case[0] for case in CASES]
 

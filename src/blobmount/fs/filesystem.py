@@ -25,8 +25,9 @@ from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
 from blobmount.fs.readers import BlockReader, OpenReader
+from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
-from blobmount.namespace.listing import DirListing
+from blobmount.namespace.listing import DirEntry, DirListing
 from blobmount.namespace.names import valid_segment
 from blobmount.storage.base import StorageClient
 
@@ -46,6 +47,7 @@ class FsConfig:
     dir_mode: int
     mount_time: float  # epoch seconds, the mtime of folders without a marker blob
     block_size: int
+    listing_mode: str = "auto"  # see namespace.catalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,14 @@ class StatFs:
     blocks: int
     files: int
     name_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    inodes: int
+    open_files: int
+    open_dirs: int
+    catalog: CatalogStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +112,9 @@ class BlobFilesystem:
         self._blocks = blocks
         self.config = config
         self.inodes = InodeTable(trio.current_time())
-        self._listings: dict[str, DirListing] = {}
-        self._negative: dict[str, float] = {}
+        self.catalog = ListingCatalog(
+            storage, config.blob_prefix, config.listing_mode, config.ttl_s, trio.current_time
+        )
         self._dirs: dict[int, _DirHandle] = {}
         self._files: dict[int, _FileHandle] = {}
         self._fh = itertools.count(1)
@@ -111,8 +122,7 @@ class BlobFilesystem:
     # -- helpers ---------------------------------------------------------------------------
 
     def _fresh(self, since: float) -> bool:
-        ttl = self.config.ttl_s
-        return ttl is None or trio.current_time() - since < ttl
+        return self.catalog.fresh(since)
 
     @property
     def kernel_timeout_s(self) -> float:
@@ -120,6 +130,10 @@ class BlobFilesystem:
 
     def _blob_name(self, path: str) -> str:
         return self.config.blob_prefix + path
+
+    def _dir_prefix(self, node: Node) -> str:
+        path = node.path
+        return self._blob_name(path + "/" if path else "")
 
     def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
@@ -129,38 +143,13 @@ class BlobFilesystem:
 
     def attr(self, node: Node) -> Attr:
         cfg = self.config
-        props = node.props
-        mtime = props.last_modified if props is not None else cfg.mount_time
+        mtime = node.mtime or cfg.mount_time
         if node.is_dir:
             # nlink 1: "unknown number of subfolders", so find(1) does not skip any
-            return Attr(
-                node.inode,
-                stat.S_IFDIR | cfg.dir_mode,
-                0,
-                mtime,
-                cfg.uid,
-                cfg.gid,
-                1,
-                cfg.block_size,
-            )
-        size = props.size if props is not None else 0
-        return Attr(
-            node.inode,
-            stat.S_IFREG | cfg.file_mode,
-            size,
-            mtime,
-            cfg.uid,
-            cfg.gid,
-            1,
-            cfg.block_size,
-        )
-
-    def _listing(self, path: str) -> DirListing | None:
-        listing = self._listings.get(path)
-        if listing is not None and not self._fresh(listing.created):
-            del self._listings[path]
-            return None
-        return listing
+            mode, size = stat.S_IFDIR | cfg.dir_mode, 0
+        else:
+            mode, size = stat.S_IFREG | cfg.file_mode, node.size
+        return Attr(node.inode, mode, size, mtime, cfg.uid, cfg.gid, 1, cfg.block_size)
 
     # -- lookup / getattr ------------------------------------------------------------------
 
@@ -171,42 +160,44 @@ class BlobFilesystem:
             raise FsError(errno.ENOTDIR)
         if not valid_segment(name):
             return None
-        path = f"{parent.path}/{name}" if parent.path else name
-        node = await self._resolve(parent.path, name, path)
+        node = await self._resolve(parent, name)
         if node is not None:
             node.lookups += 1
         return node
 
-    async def _resolve(self, parent_path: str, name: str, path: str) -> Node | None:
-        known = self.inodes.by_path(path)
+    async def _resolve(self, parent: Node, name: str) -> Node | None:
+        known = self.inodes.child(parent, name)
         if known is not None and self._fresh(known.fetched):
             return known
-        listing = self._listing(parent_path)
+        listing = self.catalog.get(self._dir_prefix(parent))
         if listing is not None:
             entry = listing.find(name)
             if entry is not None:
-                return self.inodes.upsert(path, entry.is_dir, entry.props, listing.created)
+                return self.inodes.upsert(parent, entry, listing.created)
             if listing.complete:
                 return None
-        negative = self._negative.get(path)
-        if negative is not None and self._fresh(negative):
+        path = parent.child_path(name)
+        if self.catalog.known_missing(path):
             return None
-        return await self._probe(path)
+        entry = await self._probe(path, name)
+        if entry is None:
+            self.catalog.note_missing(path)
+            return None
+        self.catalog.forget_missing(path)
+        return self.inodes.upsert(parent, entry, trio.current_time())
 
-    async def _probe(self, path: str) -> Node | None:
-        """Ask storage what `path` is: a blob, a folder (some name below it), or nothing."""
+    async def _probe(self, path: str, name: str) -> DirEntry | None:
+        """Ask storage what `path` is: a blob (one properties request), a folder (then one
+        one-item prefix probe), or nothing."""
         blob = self._blob_name(path)
-        now = trio.current_time()
         try:
             props = await self._storage.get_properties(blob)
         except BlobNotFound:
             page = await self._storage.list_page(blob + "/", delimiter="/", max_results=1)
             if page.blobs or page.prefixes:
-                return self.inodes.upsert(path, True, None, now)
-            self._negative[path] = now
+                return DirEntry(name, True, 0, 0.0, None)
             return None
-        self._negative.pop(path, None)
-        return self.inodes.upsert(path, props.is_dir_marker, props, now)
+        return DirEntry.of(name, props.is_dir_marker, props)
 
     async def getattr(self, inode: int) -> Attr:
         node = self._node(inode)
@@ -219,7 +210,7 @@ class BlobFilesystem:
             props = await self._storage.get_properties(self._blob_name(node.path))
         except BlobNotFound:
             raise FsError(errno.ENOENT, f"{node.path} is gone") from None
-        self.inodes.upsert(node.path, props.is_dir_marker, props, trio.current_time())
+        node.update(DirEntry.of(node.name, props.is_dir_marker, props), trio.current_time())
 
     def forget(self, pairs: Iterable[tuple[int, int]]) -> None:
         for inode, count in pairs:
@@ -231,11 +222,8 @@ class BlobFilesystem:
         node = self._node(inode)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
-        listing = self._listing(node.path)
-        if listing is None:
-            prefix = self._blob_name(node.path + "/" if node.path else "")
-            listing = DirListing(self._storage, prefix, trio.current_time())
-            self._listings[node.path] = listing
+        parent = None if node.parent is None else self._dir_prefix(node.parent)
+        listing = self.catalog.for_folder(self._dir_prefix(node), parent)
         fh = next(self._fh)
         self._dirs[fh] = _DirHandle(node, listing)
         return fh
@@ -247,7 +235,6 @@ class BlobFilesystem:
         if handle is None:
             raise FsError(errno.EBADF)
         listing = handle.listing
-        base = handle.node.path
         index = start
         while True:
             if index >= len(listing.entries):
@@ -257,15 +244,23 @@ class BlobFilesystem:
                 if index >= len(listing.entries):
                     return
             entry = listing.entries[index]
-            path = f"{base}/{entry.name}" if base else entry.name
-            node = self.inodes.upsert(path, entry.is_dir, entry.props, listing.created)
+            node = self.inodes.upsert(handle.node, entry, listing.created)
             if not reply(entry.name, self.attr(node), index + 1):
+                self.inodes.release_if_unused(node)
                 return
             node.lookups += 1  # readdirplus: an accepted entry counts as a lookup
             index += 1
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+
+    def statistics(self) -> NamespaceStats:
+        return NamespaceStats(
+            inodes=len(self.inodes),
+            open_files=len(self._files),
+            open_dirs=len(self._dirs),
+            catalog=self.catalog.statistics(),
+        )
 
     # -- files -----------------------------------------------------------------------------
 
@@ -275,16 +270,16 @@ class BlobFilesystem:
         node = self._node(inode)
         if node.is_dir:
             raise FsError(errno.EISDIR)
-        if not self._fresh(node.fetched) or node.props is None:
+        if not self._fresh(node.fetched) or node.etag is None:
             await self._refresh(node)
-        props = node.props
-        assert props is not None
-        version = BlobVersion(self._blob_name(node.path), props.etag, props.size)
+        assert node.etag is not None
+        version = BlobVersion(self._blob_name(node.path), node.etag, node.size)
         # The kernel may keep pages from earlier opens only if they are of this same version.
-        keep_cache = node.open_etag in (None, props.etag)
-        node.open_etag = props.etag
+        keep_cache = node.open_etag in (None, node.etag)
+        node.open_etag = node.etag
         reader = BlockReader(self._blocks, self._blocks.open(version))
         fh = next(self._fh)
+        node.opens += 1
         self._files[fh] = _FileHandle(node, version, reader)
         return OpenedFile(fh, keep_cache)
 
@@ -298,6 +293,8 @@ class BlobFilesystem:
         handle = self._files.pop(fh, None)
         if handle is not None:
             handle.reader.close()
+            handle.node.opens -= 1
+            self.inodes.release_if_unused(handle.node)
 
     @property
     def open_files(self) -> int:

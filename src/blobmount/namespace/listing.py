@@ -1,15 +1,23 @@
-"""Lazy listing of one directory.
+"""Lazy folder listings, fed either page by page (one folder) or by a flat walk of a subtree.
 
-Entries are appended page by page as storage returns them; an entry's index never changes, so
-readdir offsets stay valid while the listing grows. Pages are fetched only when a reader needs
-entries past the end of what is known, so a reader that stops early stops the listing, and the
-first entries of a huge folder are available after the first page.
+A DirListing's entries are appended as pages arrive; an entry's index never changes, so readdir
+offsets stay valid while the listing grows, and the first entries of a huge folder are available
+after the first page. Pages are fetched only when a reader needs entries past the end of what is
+known, so a reader that stops early stops the listing.
+
+Two ways to fill listings:
+- *hierarchical*: one list request per page of one folder (delimiter '/'): the cheapest way to
+  list one folder, but a walk of a tree costs one request per folder.
+- *flat*: `FlatWalk` lists a whole subtree with no delimiter (5,000 names a page) and fills the
+  listing of every folder below it from that one stream. Blob names sharing a prefix are
+  contiguous in the (sorted) stream, so a folder is complete as soon as the stream has moved past
+  its prefix. A walk of 50,000 blobs in 5,000 folders then costs 10 requests, not 5,001.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import trio
 
@@ -19,67 +27,174 @@ from blobmount.storage.base import BlobProps, StorageClient
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
 class DirEntry:
-    name: str
-    is_dir: bool
-    props: BlobProps | None  # the blob (files, marker folders); None for prefix-only folders
+    """One name in a folder: compact, since a big dataset has millions of them."""
+
+    __slots__ = ("etag", "is_dir", "mtime", "name", "size")
+
+    def __init__(self, name: str, is_dir: bool, size: int, mtime: float, etag: str | None) -> None:
+        self.name = name
+        self.is_dir = is_dir
+        self.size = size
+        self.mtime = mtime
+        self.etag = etag
+
+    @classmethod
+    def of(cls, name: str, is_dir: bool, props: BlobProps | None) -> DirEntry:
+        if props is None:
+            return cls(name, is_dir, 0, 0.0, None)
+        return cls(name, is_dir, props.size, props.last_modified, props.etag)
 
 
 class DirListing:
-    def __init__(self, storage: StorageClient, blob_prefix: str, created: float) -> None:
-        self._storage = storage
-        self.blob_prefix = blob_prefix  # '' for the root of the container, else ends with '/'
+    """The entries of one folder. `blob_prefix` is '' for the container root, else ends in '/'."""
+
+    def __init__(self, blob_prefix: str, created: float) -> None:
+        self.blob_prefix = blob_prefix
         self.created = created
         self.entries: list[DirEntry] = []
         self._index: dict[str, int] = {}
-        self._continuation: str | None = None
-        self.complete = False
-        self.pages = 0
-        self._lock = trio.Lock()
+        self._complete = False
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
 
     def find(self, name: str) -> DirEntry | None:
         i = self._index.get(name)
         return None if i is None else self.entries[i]
 
     async def ensure(self, count: int) -> None:
-        """Fetch pages until at least `count` entries are known or the listing is complete."""
-        while len(self.entries) < count and not self.complete:
-            async with self._lock:
-                if len(self.entries) >= count or self.complete:
-                    return
-                await self._next_page()
+        """Fetch until at least `count` entries are known or the listing is complete."""
+        raise NotImplementedError
 
-    async def _next_page(self) -> None:
-        page = await self._storage.list_page(
-            self.blob_prefix, delimiter="/", continuation=self._continuation
-        )
-        self.pages += 1
-        for folder in page.prefixes:
-            self._add(folder[len(self.blob_prefix) : -1], folder, True, None)
-        for blob in page.blobs:
-            self._add(blob.name[len(self.blob_prefix) :], blob.name, blob.is_dir_marker, blob)
-        self._continuation = page.continuation
-        self.complete = page.continuation is None
-
-    def _add(self, name: str, blob_name: str, is_dir: bool, props: BlobProps | None) -> None:
+    def add(self, name: str, is_dir: bool, props: BlobProps | None, blob_name: str) -> None:
+        """Add a child. A name seen twice (a marker blob and the prefix of the same folder, or a
+        blob `x` beside a folder `x/`) keeps one entry: the folder wins."""
         if not valid_segment(name):
-            if name != "" or not is_dir:  # "dir/" itself can be listed as a marker
+            if name != "" or not is_dir:  # a marker blob "dir/" lists as an empty name
                 note_skipped(blob_name, "not a valid file name")
             return
         i = self._index.get(name)
         if i is None:
             self._index[name] = len(self.entries)
-            self.entries.append(DirEntry(name, is_dir, props))
+            self.entries.append(DirEntry.of(name, is_dir, props))
             return
         existing = self.entries[i]
         if is_dir and not existing.is_dir:
-            # A blob "x" next to a folder "x/": the folder wins (it holds the data).
-            note_skipped(
-                existing.props.name if existing.props else blob_name, "shadowed by a folder"
-            )
-            self.entries[i] = DirEntry(name, True, props)
-        elif is_dir and existing.props is None and props is not None:
-            existing.props = props  # a marker blob for a folder already seen: keep its mtime
+            note_skipped(self.blob_prefix + name, "a blob shadowed by a folder of the same name")
+            self.entries[i] = DirEntry.of(name, True, props)
+        elif is_dir and existing.etag is None and props is not None:
+            self.entries[i] = DirEntry.of(name, True, props)  # marker blob: keep its mtime
         elif not is_dir and existing.is_dir:
-            note_skipped(blob_name, "shadowed by a folder")
+            note_skipped(blob_name, "a blob shadowed by a folder of the same name")
+
+
+class PagedListing(DirListing):
+    """A folder listed on its own, one delimiter page at a time."""
+
+    def __init__(self, storage: StorageClient, blob_prefix: str, created: float) -> None:
+        super().__init__(blob_prefix, created)
+        self._storage = storage
+        self._continuation: str | None = None
+        self._lock = trio.Lock()
+        self.pages = 0
+
+    async def ensure(self, count: int) -> None:
+        while len(self.entries) < count and not self._complete:
+            async with self._lock:
+                if len(self.entries) >= count or self._complete:
+                    return
+                page = await self._storage.list_page(
+                    self.blob_prefix, delimiter="/", continuation=self._continuation
+                )
+                self.pages += 1
+                cut = len(self.blob_prefix)
+                for folder in page.prefixes:
+                    self.add(folder[cut:-1], True, None, folder)
+                for blob in page.blobs:
+                    self.add(blob.name[cut:], blob.is_dir_marker, blob, blob.name)
+                self._continuation = page.continuation
+                self._complete = page.continuation is None
+
+
+class WalkedListing(DirListing):
+    """A folder filled by a FlatWalk of a subtree that contains it."""
+
+    def __init__(self, walk: FlatWalk, blob_prefix: str, created: float) -> None:
+        super().__init__(blob_prefix, created)
+        self.walk = walk
+
+    @property
+    def complete(self) -> bool:
+        if not self._complete and self.walk.passed(self.blob_prefix):
+            self._complete = True
+        return self._complete
+
+    async def ensure(self, count: int) -> None:
+        while len(self.entries) < count and not self.complete:
+            await self.walk.advance()
+
+
+#: returns the listing the walk should fill for a folder's blob prefix, or None when that
+#: folder is already listed some other way (the walk then leaves it alone)
+ListingFor = Callable[[str], "WalkedListing | None"]
+
+
+class FlatWalk:
+    """One flat (delimiter-less) listing of a subtree, feeding every folder listing below it."""
+
+    def __init__(self, storage: StorageClient, base_prefix: str, created: float) -> None:
+        self._storage = storage
+        self.base_prefix = base_prefix
+        self.created = created
+        self._continuation: str | None = None
+        self._last_name = ""
+        self.done = False
+        self.pages = 0
+        self._lock = trio.Lock()
+        self._listing_for: ListingFor | None = None
+
+    def attach(self, listing_for: ListingFor) -> None:
+        self._listing_for = listing_for
+
+    def passed(self, blob_prefix: str) -> bool:
+        """True once every name under `blob_prefix` has been seen."""
+        if self.done:
+            return True
+        last = self._last_name
+        return last > blob_prefix and not last.startswith(blob_prefix)
+
+    async def advance(self) -> None:
+        """Fetch the next page (one at a time; concurrent callers share it)."""
+        pages_before = self.pages
+        async with self._lock:
+            if self.done or self.pages != pages_before:
+                return  # someone else fetched a page while we waited: look again first
+            page = await self._storage.list_page(
+                self.base_prefix, delimiter=None, continuation=self._continuation
+            )
+            self.pages += 1
+            for blob in page.blobs:
+                self._place(blob)
+            if page.blobs:
+                self._last_name = page.blobs[-1].name
+            self._continuation = page.continuation
+            self.done = page.continuation is None
+
+    def _place(self, blob: BlobProps) -> None:
+        assert self._listing_for is not None, "attach() a listing registry first"
+        rel = blob.name[len(self.base_prefix) :]
+        segments = rel.split("/")
+        if not all(valid_segment(s) for s in segments[:-1]):
+            note_skipped(blob.name, "not a valid path")
+            return
+        prefix = self.base_prefix
+        for segment in segments[:-1]:
+            listing = self._listing_for(prefix)
+            if listing is not None:
+                listing.add(segment, True, None, prefix + segment + "/")
+            prefix += segment + "/"
+        listing = self._listing_for(prefix)
+        if listing is not None:
+            listing.add(segments[-1], blob.is_dir_marker, blob, blob.name)
