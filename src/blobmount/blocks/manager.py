@@ -139,8 +139,11 @@ class BlockManager:
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def read(self, handle: BlockHandle, offset: int, size: int) -> bytes:
+    async def read(self, handle: BlockHandle, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of the handle's version, short only at end of file.
+
+        A read inside one block is a memoryview of the cached block (no copy: pyfuse3 hands
+        any buffer to the kernel); a read across blocks is joined into new bytes.
 
         Raises StorageError subclasses (BlobChanged when the blob was replaced).
         """
@@ -158,7 +161,7 @@ class BlockManager:
         if len(indices) == 1:
             data = await self._block(handle, indices[0])
             base = indices[0] * bsize
-            out = data[offset - base : end - base]
+            out: bytes | memoryview = memoryview(data)[offset - base : end - base]
         else:
             parts = []
             for index in indices:

@@ -127,7 +127,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             opened = await self.fs.open(inode, flags)
             return pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]  # pyfuse3 takes any buffer
         async with self._request("read"):
             return await self.fs.read(fh, off, size)
 

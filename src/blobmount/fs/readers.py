@@ -8,7 +8,7 @@ from blobmount.blocks.manager import BlockHandle, BlockManager
 
 
 class OpenReader(Protocol):
-    async def read(self, offset: int, size: int) -> bytes: ...
+    async def read(self, offset: int, size: int) -> bytes | memoryview: ...
 
     def close(self) -> None: ...
 
@@ -20,7 +20,7 @@ class BlockReader:
         self._manager = manager
         self._handle = handle
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         return await self._manager.read(self._handle, offset, size)
 
     def close(self) -> None:
