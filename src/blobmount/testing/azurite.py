@@ -309,6 +309,60 @@ class AzuriteServer:
                 fut.result()  # re-raise the first failure
         return len(futures)
 
+    def put_many(
+        self, container: str, items: Iterable[tuple[str, bytes]], threads: int = 16
+    ) -> int:
+        """Upload many small blobs fast: plain Put Blob requests with a container SAS over
+        kept-alive connections, skipping the SDK's per-request pipeline (which costs more CPU
+        than Azurite itself for tiny blobs). Returns how many blobs were written."""
+        import datetime
+        import http.client
+        import queue
+        import threading
+        from urllib.parse import quote
+
+        from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+        key = self.connection_string.split("AccountKey=")[1].split(";")[0]
+        sas = generate_container_sas(
+            ACCOUNT,
+            container,
+            account_key=key,
+            permission=ContainerSasPermissions(write=True, create=True),
+            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=6),
+        )
+        work: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        count = 0
+        for item in items:
+            work.put(item)
+            count += 1
+        errors: list[str] = []
+
+        def worker() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            try:
+                while (item := work.get()) is not None:
+                    name, data = item
+                    path = f"/{ACCOUNT}/{container}/{quote(name)}?{sas}"
+                    conn.request("PUT", path, body=data, headers={"x-ms-blob-type": "BlockBlob"})
+                    response = conn.getresponse()
+                    response.read()
+                    if response.status != 201:
+                        errors.append(f"{name}: HTTP {response.status}")
+                        return
+            finally:
+                conn.close()
+
+        pool = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, threads))]
+        for thread in pool:
+            work.put(None)
+            thread.start()
+        for thread in pool:
+            thread.join()
+        if errors:
+            raise RuntimeError(f"uploads failed: {errors[:5]}")
+        return count
+
     def delete_blob(self, container: str, name: str) -> None:
         self._svc().get_blob_client(container, name).delete_blob()
 
