@@ -1,8 +1,9 @@
-"""Command line: `blobmount mount|unmount|config`.
+"""Command line: `blobmount mount|unmount|config|stats|datastores|download`.
 
 `mount` runs the daemon in the background by default and returns only once the mount answers
 (or fails, with the daemon's reason). The source URI reaches the background daemon through its
-environment, not its argv, so a SAS in the URI does not show in `ps`.
+environment, not its argv, so a SAS in the URI does not show in `ps`. Spawning, the readiness
+wait and unmounting live in `blobmount.api`, shared with the Python API.
 """
 
 from __future__ import annotations
@@ -10,11 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import select
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +20,8 @@ from blobmount.errors import BlobmountError
 
 log = logging.getLogger(__name__)
 
+#: = blobmount.api.SOURCE_ENV, repeated so that `--help` does not import the API module
 SOURCE_ENV = "BLOBMOUNT_SOURCE_URI"
-READY_TIMEOUT_S = 120.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Mount URI at MOUNTPOINT. Settings come from DATASET_MOUNT_* variables "
         "(see `blobmount config`); flags override them.",
     )
-    mount.add_argument("uri", nargs="?", help="az://, https://, http:// (Azurite) or wasbs:// URI")
+    mount.add_argument(
+        "uri", nargs="?", help="az://, https://, http:// (Azurite), wasbs:// or azureml:// URI"
+    )
     mount.add_argument("mountpoint", type=Path)
     mount.add_argument(
         "-f",
@@ -76,9 +75,21 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("config", help="print the effective settings")
 
+    datastores = sub.add_parser(
+        "datastores",
+        help="list the datastores that azureml:// URIs can name",
+        description="List the datastores file's entries (DATASET_MOUNT_DATASTORES_FILE, else "
+        "$XDG_CONFIG_HOME/blobmount/datastores.toml): name, account, container, endpoint and "
+        "the kind of credential. Secrets are never shown.",
+    )
+    datastores.add_argument("--json", action="store_true", help="machine-readable output")
+
     from blobmount.download.command import add_download_parser
 
     add_download_parser(sub)
+    from blobmount.cachedir.commands import add_cache_parser
+
+    add_cache_parser(sub)
     return parser
 
 
@@ -105,12 +116,18 @@ def main(argv: list[str] | None = None) -> int:
             return _unmount(args.mountpoint)
         if args.command == "config":
             return _config()
+        if args.command == "datastores":
+            return _datastores(as_json=args.json)
         if args.command == "stats":
             return _stats(args.mountpoint, as_json=args.json)
         if args.command == "download":
             from blobmount.download.command import run_download
 
             return run_download(args)
+        if args.command == "cache":
+            from blobmount.cachedir.commands import run_cache
+
+            return run_cache(args)
     except BlobmountError as exc:
         print(f"blobmount: {exc}", file=sys.stderr)
         return 1
@@ -147,121 +164,104 @@ def _stats(mountpoint: Path, *, as_json: bool) -> int:
 
 def _mount(args: argparse.Namespace) -> int:
     from blobmount.errors import SourceError
-    from blobmount.settings import load_settings
-    from blobmount.source import parse_source
 
     uri = args.uri or os.environ.get(SOURCE_ENV)
     if not uri:
         raise SourceError("no source URI given")
-    # Cheap checks first, in the caller's terminal: bad settings or a malformed URI stop here.
-    settings = load_settings(**_overrides(args))
-    spec = parse_source(uri)
-    mountpoint = args.mountpoint.absolute()
     if args.foreground:
-        return _run_foreground(spec, mountpoint, settings, args)
-    return _spawn_daemon(uri, mountpoint, settings, args)
+        return _run_foreground(uri, args)
+    from blobmount.api import start_mount
+
+    overrides = {**_overrides(args), "log_file": args.log_file}
+    running = start_mount(
+        uri, args.mountpoint, overrides=overrides, allow_non_empty=args.allow_non_empty
+    )
+    print(f"blobmount: {running.status} (pid {running.pid}, log {running.log_file})")
+    return 0
 
 
-def _run_foreground(spec: Any, mountpoint: Path, settings: Any, args: argparse.Namespace) -> int:
+def _run_foreground(uri: str, args: argparse.Namespace) -> int:
+    from blobmount.api import FuseUnavailable, fuse_problem, pyfuse3_import_problem
+    from blobmount.datastores import resolve_source
+    from blobmount.readiness import ReadyNotifier
+    from blobmount.settings import load_settings
+
+    notifier = ReadyNotifier()
+    try:
+        # Cheap checks first: bad settings or a malformed URI stop here.
+        settings = load_settings(**_overrides(args))
+        spec = resolve_source(uri)
+        problem = fuse_problem()
+        if problem is not None:
+            raise FuseUnavailable(problem)
+    except BlobmountError as exc:
+        notifier.error(str(exc))  # a background parent checked already; tell it anyway
+        raise
+
     from blobmount.daemon import MountRequest, run
     from blobmount.logs import setup_logging
-    from blobmount.readiness import ReadyNotifier
 
     log_file = args.log_file or settings.log_file
     daemonized = os.environ.get("BLOBMOUNT_DAEMONIZED") == "1"
-    setup_logging(settings.log_level, log_file=log_file, stderr=not daemonized)
+    setup_logging(
+        settings.log_level,
+        log_file=log_file,
+        stderr=not daemonized,
+        log_format=settings.log_format,
+    )
+    mountpoint = args.mountpoint.absolute()
     request = MountRequest(spec, mountpoint, settings, args.allow_non_empty, log_file)
-    return run(request, ReadyNotifier())
+    try:
+        return run(request, notifier)
+    except ImportError as exc:
+        if exc.name != "pyfuse3" and "fuse" not in str(exc):
+            raise
+        # pyfuse3 is installed but libfuse3 is not: say what to install, not a traceback
+        message = pyfuse3_import_problem(exc)
+        log.error("%s", message)
+        notifier.error(message)
+        return 1
 
 
-def _spawn_daemon(uri: str, mountpoint: Path, settings: Any, args: argparse.Namespace) -> int:
-    from blobmount.readiness import READY_FD_ENV
-    from blobmount.runstate import default_log_file
+def _datastores(*, as_json: bool) -> int:
+    import json
 
-    log_file = (args.log_file or settings.log_file or default_log_file(mountpoint)).absolute()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ)
-    env[SOURCE_ENV] = uri
-    env[READY_FD_ENV] = str(write_fd)
-    env["BLOBMOUNT_DAEMONIZED"] = "1"
-    for name, value in _overrides(args).items():
-        from blobmount.settings import ENV_VARS
+    from blobmount.datastores import load_datastores
 
-        env[ENV_VARS[name]] = str(value).lower() if isinstance(value, bool) else str(value)
-    cmd = [sys.executable, "-m", "blobmount", "mount", "--foreground", "--log-file", str(log_file)]
-    if args.allow_non_empty:
-        cmd.append("--allow-non-empty")
-    cmd.append(str(mountpoint))
-    with open(log_file, "ab") as log_out:
-        child = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_out,
-            stderr=log_out,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-    os.close(write_fd)
-    message = _wait_for_daemon(read_fd, child)
-    os.close(read_fd)
-    if message.startswith("ready"):
-        print(f"blobmount: {message[6:]} (pid {child.pid}, log {log_file})")
+    found = load_datastores()
+    if as_json:
+        rows = [
+            {
+                "name": d.name,
+                "workspace": d.workspace,
+                "account": d.account,
+                "container": d.container,
+                "endpoint": d.endpoint,
+                "credential": d.credential.kind,
+                "credential_source": d.credential.label,
+            }
+            for d in found.datastores
+        ]
+        print(json.dumps({"file": str(found.path), "datastores": rows}, indent=2))
         return 0
-    if message.startswith("error"):
-        print(f"blobmount: {message[6:]}", file=sys.stderr)
-    else:
-        print(f"blobmount: {message}; see the log {log_file}", file=sys.stderr)
-    if child.poll() is None:
-        child.terminate()
-    return 1
-
-
-def _wait_for_daemon(read_fd: int, child: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([read_fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(read_fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-            if data.endswith(b"\n"):
-                return data.decode(errors="replace").strip()
-    if data:
-        return data.decode(errors="replace").strip()
-    status = child.poll()
-    if status is not None:
-        return f"the daemon exited (status {status}) before the mount was ready"
-    return f"the mount was not ready after {READY_TIMEOUT_S:.0f}s"
+    print(f"datastores file: {found.path}")
+    if not found.datastores:
+        print("(no datastores defined)")
+        return 0
+    table = [("NAME", "ACCOUNT", "CONTAINER", "ENDPOINT", "CREDENTIAL")]
+    for d in found.datastores:
+        endpoint = d.endpoint or "(default)"
+        table.append((d.qualified_name, d.account, d.container, endpoint, d.credential.label))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+    return 0
 
 
 def _unmount(mountpoint: Path) -> int:
-    from blobmount.mountpoint import mount_type, unmount_fuse
-    from blobmount.runstate import MountRecord, pid_alive
-    from blobmount.settings import load_settings
+    from blobmount.api import unmount
 
-    mountpoint = mountpoint.absolute()
-    timeout_s = load_settings().unmount_timeout_s
-    record = MountRecord.load(mountpoint)
-    if record is not None and pid_alive(record.pid):
-        # The daemon finishes requests in flight (up to the timeout), then unmounts itself.
-        os.kill(record.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s + 10
-        while time.monotonic() < deadline and pid_alive(record.pid):
-            time.sleep(0.05)
-        if not pid_alive(record.pid):
-            print(f"blobmount: unmounted {mountpoint}")
-            return 0
-        print(f"blobmount: daemon {record.pid} did not stop in time; forcing", file=sys.stderr)
-        os.kill(record.pid, signal.SIGKILL)
-    if mount_type(mountpoint) is None:
-        print(f"blobmount: {mountpoint} is not mounted", file=sys.stderr)
-        return 1
-    if unmount_fuse(mountpoint) or unmount_fuse(mountpoint, lazy=True):
-        print(f"blobmount: unmounted {mountpoint}")
-        return 0
-    print(f"blobmount: could not unmount {mountpoint}", file=sys.stderr)
-    return 1
+    unmount(mountpoint)
+    print(f"blobmount: unmounted {mountpoint.absolute()}")
+    return 0

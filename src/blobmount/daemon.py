@@ -24,6 +24,7 @@ from blobmount.blocks.disk_tier import open_disk_tier
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobmountError, StorageError
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.metrics import open_metrics
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, stats_socket
 from blobmount.settings import Settings, describe
@@ -155,6 +156,8 @@ async def serve(
         storage = CountingStorageClient(retrying)
         await check_source(storage, spec)
         async with (
+            # first: a metrics port in use stops the mount before anything is mounted
+            open_metrics(settings.metrics_addr) as metrics,
             open_disk_tier(settings, storage.location) as disk,
             trio.open_nursery() as work,
         ):
@@ -187,13 +190,16 @@ async def serve(
                     "disk": None if disk is None else as_dict(disk.statistics()),
                 }
 
+            metrics.publish(snapshot)
             try:
                 async with trio.open_nursery() as control:
+                    fuse_scope = trio.CancelScope()
                     control.start_soon(serve_stats, stats_socket(request.mountpoint), snapshot)
                     control.start_soon(_sample_every_second, meter)
-                    control.start_soon(_on_signals, ops, settings.unmount_timeout_s)
+                    control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
                     control.start_soon(_report_ready, request, notifier, record)
-                    await pyfuse3.main()
+                    with fuse_scope:
+                        await pyfuse3.main()
                     control.cancel_scope.cancel()
             finally:
                 log.info("unmounting %s", request.mountpoint)
@@ -228,7 +234,10 @@ async def _report_ready(
     notifier.ready(f"mounted {request.spec.display} at {request.mountpoint}")
 
 
-async def _on_signals(ops: FuseOperations, timeout_s: float) -> None:
+async def _on_signals(ops: FuseOperations, timeout_s: float, fuse_scope: trio.CancelScope) -> None:
+    """On SIGTERM/SIGINT: let requests in flight finish for up to `timeout_s`, then end the FUSE
+    loop; requests still running then are cancelled (their callers get ENOTCONN when the
+    connection closes), since pyfuse3.main() would otherwise wait for each of them."""
     import pyfuse3
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -241,13 +250,14 @@ async def _on_signals(ops: FuseOperations, timeout_s: float) -> None:
             )
             with trio.move_on_after(timeout_s) as waited:
                 await ops.wait_idle()
+            pyfuse3.terminate()
             if waited.cancelled_caught:
                 log.warning(
                     "%d requests still in flight after %ss; unmounting anyway",
                     ops.active_requests,
                     timeout_s,
                 )
-            pyfuse3.terminate()
+                fuse_scope.cancel()
             return
 
 

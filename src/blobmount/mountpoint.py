@@ -14,6 +14,11 @@ from blobmount.errors import MountPointError
 log = logging.getLogger(__name__)
 
 
+#: what a FUSE mount whose daemon died answers ("Transport endpoint is not connected"), or
+#: whose connection was aborted through /sys/fs/fuse/connections
+_DEAD = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
+
+
 def _unescape(field: str) -> str:
     # /proc/mounts escapes space, tab, newline and backslash as octal
     return (
@@ -60,10 +65,14 @@ def prepare_mountpoint(path: Path, *, allow_non_empty: bool = False) -> None:
     """
     try:
         os.stat(path)
+        if (mount_type(path) or "").startswith("fuse"):
+            # The kernel answers stat from its attribute cache even when the daemon is gone
+            # (for a year with the TTL unset); statfs always asks the daemon.
+            os.statvfs(path)
     except FileNotFoundError:
         raise MountPointError(f"mount point {path} does not exist (create it first)") from None
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
+        if exc.errno not in _DEAD:
             raise MountPointError(f"mount point {path} cannot be used: {exc.strerror}") from None
         # "Transport endpoint is not connected": a FUSE daemon died without unmounting.
         log.warning("mount point %s was left by a dead FUSE daemon; unmounting it", path)

@@ -34,7 +34,7 @@ from pydantic_settings import (
 from blobmount.errors import ConfigError
 from blobmount.units import KiB, MiB, format_size, parse_bool, parse_size
 
-__all__ = ["ENV_VARS", "Settings", "describe", "load_settings"]
+__all__ = ["ENV_VARS", "Settings", "describe", "load_settings", "split_host_port"]
 
 # The environment `load_settings` was given; None means os.environ. A ContextVar because
 # pydantic-settings builds its sources inside the model constructor, where no argument reaches.
@@ -319,6 +319,37 @@ class _Choice(_Rule):
         return value.strip().lower()
 
 
+class _ListenAddress(_Rule):
+    """A TCP address to listen on: "host:port", an IPv6 host in brackets ("[::1]:9464")."""
+
+    allowed = "host:port with a port from 1 to 65535 (e.g. 127.0.0.1:9464 or [::1]:9464)"
+
+    def parse(self, value: object) -> str:
+        if not isinstance(value, str):
+            raise ValueError("not an address")
+        text = value.strip()
+        split_host_port(text)
+        return text
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """("host", port) of a "host:port" listen address; brackets are taken off an IPv6 host.
+
+    Raises:
+        ValueError: not host:port, or the port is not 1 to 65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not re.fullmatch(r"[0-9A-Fa-f:.]+", host) or ":" not in host:
+            raise ValueError("not an IPv6 address")
+    elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", host):
+        raise ValueError("not a host name or IPv4 address")
+    if not sep or not re.fullmatch(r"\d{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise ValueError("not a port")
+    return host, int(port)
+
+
 class _Optional(_Rule):
     """Wraps a rule for a field whose default None has a meaning (`none_text`)."""
 
@@ -461,6 +492,10 @@ class Settings(BaseSettings):
     anonymous: Annotated[bool, _Bool()] = _env("DATASET_MOUNT_ANONYMOUS", False)
     listing_mode: Annotated[str, _Choice("auto", "hierarchical", "flat")] = _env(
         "DATASET_MOUNT_LISTING_MODE", "auto"
+    )
+    log_format: Annotated[str, _Choice("text", "json")] = _env("DATASET_MOUNT_LOG_FORMAT", "text")
+    metrics_addr: Annotated[str | None, _Optional(_ListenAddress(), "off")] = _env(
+        "DATASET_MOUNT_METRICS_ADDR"
     )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).

@@ -5,20 +5,87 @@ Accepted forms (see docs/CONFIGURATION.md):
     https://<account>.blob.core.windows.net/<container>[/<prefix>][?<sas>]
     http(s)://<host>[:port]/<account>/<container>[/<prefix>][?<sas>]     (path-style: Azurite)
     wasbs://<container>@<account>.blob.core.windows.net[/<prefix>]
+    azureml://datastores/<name>/paths/<prefix>
+    azureml://subscriptions/<sub>/resourcegroups/<rg>/workspaces/<ws>/datastores/<name>/paths/<prefix>
 
-Azure ML datastore URIs (azureml://) are recognised and refused for now: resolving them needs the
-datastores file, which is planned. Errors echo the URI with secrets masked (`redact_uri`).
+An azureml:// URI names a datastore, not a container: `parse_datastore_uri` turns it into a
+`DatastoreRef`, and `blobmount.datastores.resolve_source` looks the name up in the datastores
+file to build the `SourceSpec` (with the datastore's `CredentialRef`). `parse_source` alone refuses
+azureml:// because it reads no files. Errors echo the URI with secrets masked (`redact_uri`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from typing import Literal
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 from blobmount.errors import SourceError
 
-__all__ = ["SourceSpec", "parse_source", "redact_uri"]
+__all__ = [
+    "DATASTORE_NAME_RE",
+    "CredentialKind",
+    "CredentialRef",
+    "DatastoreRef",
+    "SourceSpec",
+    "container_problem",
+    "is_datastore_uri",
+    "parse_datastore_uri",
+    "parse_source",
+    "redact_uri",
+]
+
+#: How a datastore authenticates (see docs/CONFIGURATION.md, "Datastores file").
+CredentialKind = Literal[
+    "account_key_env",  # an environment variable holds the account key
+    "sas_token_env",  # an environment variable holds a SAS token
+    "connection_string_env",  # an environment variable holds a connection string
+    "account_key_file",  # a file holds the account key
+    "sas_token",  # the SAS token is written in the datastores file itself (discouraged)
+    "azure_ad",  # DefaultAzureCredential
+    "anonymous",  # no credential (public containers)
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialRef:
+    """Where a datastore's credential comes from; not the credential itself, except for an
+    inline SAS (`inline_sas`, a secret: never shown by repr, `label` or messages).
+
+    `reference` is the environment variable's name or the key file's absolute path (neither is
+    a secret); `origin` says which datastore and file it came from, for messages.
+    """
+
+    kind: CredentialKind
+    reference: str | None = None
+    inline_sas: str | None = None
+    origin: str = ""
+
+    @property
+    def label(self) -> str:
+        """What kind of credential this is and where it is read from, for people and logs."""
+        if self.kind == "account_key_env":
+            return f"account key from ${self.reference}"
+        if self.kind == "sas_token_env":
+            return f"SAS token from ${self.reference}"
+        if self.kind == "connection_string_env":
+            return f"connection string from ${self.reference}"
+        if self.kind == "account_key_file":
+            return f"account key from file {self.reference}"
+        if self.kind == "sas_token":
+            return "SAS token (inline in the datastores file)"
+        if self.kind == "azure_ad":
+            return "Azure AD (DefaultAzureCredential)"
+        return "anonymous"
+
+    def __repr__(self) -> str:
+        # The generated repr would print an inline SAS into tracebacks and %r log lines.
+        sas = "'***'" if self.inline_sas else "None"
+        return (
+            f"CredentialRef(kind={self.kind!r}, reference={self.reference!r}, "
+            f"inline_sas={sas}, origin={self.origin!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +96,10 @@ class SourceSpec:
     (e.g. 'https://acct.blob.core.windows.net' or 'http://127.0.0.1:10000/devstoreaccount1');
     None for az:// (the credentials decide). `sas_token` is a SAS found in the URI's query
     (a secret: never log it; use `display`).
+
+    For an azureml:// source (scheme 'azureml'), `datastore` is the datastore's name and
+    `credential` says how that datastore authenticates; it wins over the AZURE_STORAGE_*
+    variables. `account_url` is then the datastore's endpoint, or None for "the default one".
     """
 
     scheme: str
@@ -37,10 +108,15 @@ class SourceSpec:
     account: str | None = None
     account_url: str | None = None
     sas_token: str | None = None
+    datastore: str | None = None
+    credential: CredentialRef | None = None
 
     @property
     def display(self) -> str:
         """The URI without secrets, for logs and messages."""
+        if self.datastore is not None:
+            path = quote(self.prefix.rstrip("/"), safe="/")
+            return f"azureml://datastores/{self.datastore}/paths/{path}"
         base = self.account_url or f"{self.scheme}://"
         sep = "/" if self.account_url else ""
         return f"{base}{sep}{self.container}/{self.prefix}".rstrip("/")
@@ -48,11 +124,30 @@ class SourceSpec:
     def __repr__(self) -> str:
         # The generated repr would print the SAS into tracebacks and %r log lines.
         sas = "'***'" if self.sas_token else "None"
-        return (
+        text = (
             f"SourceSpec(scheme={self.scheme!r}, container={self.container!r}, "
             f"prefix={self.prefix!r}, account={self.account!r}, "
-            f"account_url={self.account_url!r}, sas_token={sas})"
+            f"account_url={self.account_url!r}, sas_token={sas}"
         )
+        if self.datastore is not None:
+            text += f", datastore={self.datastore!r}, credential={self.credential!r}"
+        return text + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class DatastoreRef:
+    """An azureml:// URI, parsed: which datastore, and which folder of it.
+
+    `subscription`, `resource_group` and `workspace` are set only by the long form. Only
+    `workspace` is used (to pick a datastore scoped to that workspace); the others are kept for
+    messages and otherwise ignored.
+    """
+
+    name: str
+    prefix: str = ""
+    subscription: str | None = None
+    resource_group: str | None = None
+    workspace: str | None = None
 
 
 _FORMS = (
@@ -110,10 +205,11 @@ def parse_source(uri: str) -> SourceSpec:
         raise _error(uri, f"not a URI; expected {_FORMS}")
     scheme = match[1].lower()
     if scheme == "azureml":
+        # Reaching here means a caller skipped the datastores file; say what would work.
         raise _error(
             uri,
-            "Azure ML datastore URIs (azureml://) are not supported yet (planned); use "
-            "az://, https:// or wasbs:// with the datastore's account and container",
+            "an azureml:// URI names a datastore, which must be resolved through the "
+            "datastores file (blobmount.datastores.resolve_source)",
         )
     if scheme not in {"az", "http", "https", "wasb", "wasbs"}:
         raise _error(uri, f"unsupported scheme {scheme + '://'!r}; expected {_FORMS}")
@@ -255,15 +351,22 @@ def _account(uri: str, label: str) -> str:
     return label.removesuffix("-secondary")
 
 
+def container_problem(name: str) -> str | None:
+    """Why `name` is not a valid container name, or None if it is (for the datastores file)."""
+    if not _CONTAINER_RE.fullmatch(name):
+        return (
+            f"container name {name!r} is not valid: Azure container names are 3-63 lowercase "
+            "letters, digits and single hyphens, starting and ending with a letter or digit"
+        )
+    return None
+
+
 def _container(uri: str, name: str) -> str:
     if not name:
         raise _error(uri, f"no container; expected {_FORMS}")
-    if not _CONTAINER_RE.fullmatch(name):
-        raise _error(
-            uri,
-            f"container name {name!r} is not valid: Azure container names are 3-63 lowercase "
-            "letters, digits and single hyphens, starting and ending with a letter or digit",
-        )
+    problem = container_problem(name)
+    if problem is not None:
+        raise _error(uri, problem)
     return name
 
 
@@ -284,3 +387,83 @@ def _prefix(uri: str, raw: str) -> str:
     if len(prefix) > _MAX_BLOB_NAME:
         raise _error(uri, f"the prefix is longer than {_MAX_BLOB_NAME} characters")
     return prefix
+
+
+# -- azureml:// ---------------------------------------------------------------------------
+
+_AZUREML_FORMS = (
+    "azureml://datastores/<name>/paths/<path> or azureml://subscriptions/<subscription>/"
+    "resourcegroups/<resource group>/workspaces/<workspace>/datastores/<name>/paths/<path>"
+)
+#: Azure ML datastore names are letters, digits and underscores; hyphens are let through too.
+DATASTORE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,254}")
+# Workspace names: letters, digits, '-' and '_' (3-33 in Azure ML; not enforced here).
+_WORKSPACE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+# The long form's keywords, as Azure ML writes them (it also spells "resourceGroups").
+_LONG_FORM = ("subscriptions", "resourcegroups", "workspaces")
+
+
+def is_datastore_uri(uri: str) -> bool:
+    """Whether `uri` uses the azureml:// scheme (then `parse_datastore_uri` applies)."""
+    match = _SCHEME_RE.match(uri.strip())
+    return match is not None and match[1].lower() == "azureml"
+
+
+def parse_datastore_uri(uri: str) -> DatastoreRef:
+    """Parse an azureml:// datastore URI (short or long form) into a `DatastoreRef`.
+
+    Keywords (`datastores`, `paths`, `subscriptions`, ...) match in any case; the path after
+    `paths/` follows the prefix rules of every other form ('' or 'a/b/', percent-decoded).
+
+    Raises:
+        SourceError: not an azureml:// URI, a form other than the two above (data assets,
+            missing `paths/`), an empty or invalid datastore or workspace name, a query string,
+            a fragment, or a bad path; the message echoes the URI with any SAS masked.
+    """
+    text = uri.strip()
+    if not is_datastore_uri(text):
+        raise _error(uri, f"not an azureml:// URI; expected {_AZUREML_FORMS}")
+    rest = text[len("azureml://") :]
+    if "#" in rest:
+        raise _error(uri, "it has a '#' fragment; write '#' in a path as %23")
+    if "?" in rest:
+        raise _error(
+            uri, "azureml:// URIs take no query string (credentials come from the datastore)"
+        )
+    segments = rest.split("/")
+    scope: dict[str, str] = {}
+    if segments[0].lower() == "subscriptions":
+        for keyword in _LONG_FORM:
+            if len(segments) < 2 or segments[0].lower() != keyword or not segments[1]:
+                raise _error(uri, f"expected {_AZUREML_FORMS}")
+            scope[keyword] = unquote(segments[1])
+            segments = segments[2:]
+        if not _WORKSPACE_RE.fullmatch(scope["workspaces"]):
+            raise _error(uri, f"workspace name {scope['workspaces']!r} is not valid")
+    if len(segments) < 2 or segments[0].lower() != "datastores":
+        if segments and segments[0].lower() in {"data", "locations"}:
+            raise _error(
+                uri,
+                "Azure ML data asset URIs are not supported; use the datastore URI the asset "
+                f"points to ({_AZUREML_FORMS})",
+            )
+        raise _error(uri, f"expected {_AZUREML_FORMS}")
+    name = unquote(segments[1])
+    if not name:
+        raise _error(uri, "no datastore name after datastores/")
+    if not DATASTORE_NAME_RE.fullmatch(name):
+        raise _error(
+            uri,
+            f"datastore name {name!r} is not valid: expected letters, digits and underscores",
+        )
+    if len(segments) < 3 or segments[2].lower() != "paths":
+        raise _error(
+            uri, f"no paths/ after the datastore name; expected .../datastores/{name}/paths/<path>"
+        )
+    return DatastoreRef(
+        name=name,
+        prefix=_prefix(uri, "/".join(segments[3:])),
+        subscription=scope.get("subscriptions"),
+        resource_group=scope.get("resourcegroups"),
+        workspace=scope.get("workspaces"),
+    )

@@ -105,15 +105,38 @@ def format_stats(s: Snapshot) -> str:
         f"{st['list_requests']} list, {st['properties_requests']} properties",
         f"retries / errors  {retry['retries']} retries, {retry['gave_up']} gave up; errors: "
         f"{errors}",
-        f"cache hits        buffer+RAM {_ratio(memory_hits, block_lookups)}, "
-        f"disk {fetcher['disk_hits']} blocks",
+        f"cache hits        RAM {_ratio(memory_hits, block_lookups)} of {block_lookups} blocks "
+        f"(buffer {blocks['buffer_hits']}, RAM tier {blocks['ram_hits']}); "
+        f"disk {_disk_ratio(s.get('disk'))}",
         f"read-ahead        {blocks['prefetch_started']} fetched, {blocks['prefetch_used']} used, "
         f"{blocks['prefetch_wasted']} wasted; holding {format_size(blocks['read_ahead_bytes'])}"
         f" of {format_size(blocks['read_ahead_budget_bytes'])}",
         f"RAM tier          {format_size(ram['used_bytes'])} of "
         f"{format_size(ram['capacity_bytes'])} ({ram['entries']} blocks)",
+        _disk_line(s.get("disk")),
         f"waiting on storage {blocks['storage_waits']} reads, "
-        f"{blocks['storage_wait_s']:.2f}s total",
+        f"{blocks['storage_wait_s']:.2f}s total; {fetcher['in_flight']} fetches in flight",
         f"open files        {s['open_files']}, inodes {s['inodes']}",
     ]
     return "\n".join(lines)
+
+
+def _disk_ratio(disk: dict[str, Any] | None) -> str:
+    # blocks the RAM tier missed, looked for on disk: how many were there
+    if not disk:
+        return "off"
+    lookups = disk["hits"] + disk["misses"]
+    return f"{_ratio(disk['hits'], lookups)} of {lookups} blocks"
+
+
+def _disk_line(disk: dict[str, Any] | None) -> str:
+    if not disk:
+        return "disk tier         off"
+    space, writer = disk["space"], disk["writer"]
+    dropped = writer["dropped_queue_full"] + writer["dropped_no_space"] + writer["failed"]
+    return (
+        f"disk tier         {format_size(space['used_bytes'])} of "
+        f"{format_size(space['capacity_bytes'])} ({space['entries']} blocks), {disk['hits']} hits, "
+        f"{disk['corrupt']} corrupt; queue {format_size(writer['queued_bytes'])}, "
+        f"{writer['written']} written, {dropped} not written"
+    )

@@ -39,7 +39,8 @@ def mount_env(azurite) -> dict[str, str]:
 
 @pytest.fixture
 def mount_factory(fuse_ok, azurite, mount_env, tmp_path, request) -> Iterator:
-    """mount(container, prefix='', env=None, args=()) -> MountedDaemon; all stopped at teardown."""
+    """mount(container, prefix='', env=None, args=(), name=None, base_url=None) -> MountedDaemon;
+    all stopped at teardown. `base_url` replaces Azurite's account URL (e.g. a fault proxy's)."""
     mounts: list[MountedDaemon] = []
 
     def mount(
@@ -48,8 +49,10 @@ def mount_factory(fuse_ok, azurite, mount_env, tmp_path, request) -> Iterator:
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
         name: str | None = None,
+        base_url: str | None = None,
     ) -> MountedDaemon:
-        uri = f"{azurite.account_url}/{container}" + (f"/{prefix}" if prefix else "")
+        base = base_url or azurite.account_url
+        uri = f"{base}/{container}" + (f"/{prefix}" if prefix else "")
         n = len(mounts)
         daemon = MountedDaemon(
             uri,

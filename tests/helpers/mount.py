@@ -76,7 +76,8 @@ class MountedDaemon:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             if is_mounted(self.mountpoint):
                 try:
-                    os.listdir(self.mountpoint)
+                    # stat, not listdir: a test may want to see the root's listing start lazily
+                    os.stat(self.mountpoint)
                     return self
                 except OSError:
                     pass

@@ -15,6 +15,7 @@ from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.namespace.inodes import ROOT_INODE
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
+from tests.helpers.readdir import read_entries
 
 B = 64 * 1024
 
@@ -40,8 +41,7 @@ def store():
 
 async def listdir(fs, inode):
     fh = await fs.opendir(inode)
-    out = []
-    await fs.readdir(fh, 0, lambda name, attr, nxt: out.append((name, attr)) or True)
+    out = await read_entries(fs, fh)
     fs.releasedir(fh)
     return dict(out)
 
@@ -89,8 +89,7 @@ async def test_readdir_is_lazy(nursery):
     assert len(seen) == 10
     assert storage.list_requests - list_before == 1  # one page, not the whole folder
     # continue from the offset the kernel got: stable indices, nothing lost or repeated
-    rest = []
-    await fs.readdir(fh, 9, lambda n, a, x: rest.append(n) or True)
+    rest = [name for name, _ in await read_entries(fs, fh, 9)]
     assert len(seen[:9]) + len(rest) == 12000
     assert len(set(seen[:9] + rest)) == 12000
     assert storage.list_requests - list_before == 3
@@ -118,6 +117,20 @@ async def test_lookup_after_listing_costs_nothing(nursery):
     assert await fs.lookup(ROOT_INODE, "top.txt") is not None
     assert await fs.lookup(ROOT_INODE, "nope") is None
     assert storage.statistics().requests == before
+
+
+async def test_names_the_kernel_sends_that_no_blob_can_have(nursery):
+    fs, storage = make_fs(nursery, store())
+    # bytes that are not UTF-8 arrive surrogate-escaped: absent, and storage is not asked
+    for raw in (b"\xff", b"caf\xe9.txt", b"\xed\xa0\x80"):
+        assert await fs.lookup(ROOT_INODE, raw.decode("utf-8", "surrogateescape")) is None
+    assert storage.statistics().requests == 0
+    # a name longer than NAME_MAX bytes is ENAMETOOLONG, as statfs's name_max promises
+    assert await fs.lookup(ROOT_INODE, "é" * 127 + "x") is None  # 255 bytes: just absent
+    with pytest.raises(FsError) as info:
+        await fs.lookup(ROOT_INODE, "é" * 128)  # 256 bytes
+    assert info.value.errno == errno.ENAMETOOLONG
+    assert fs.statfs().name_max == 255
 
 
 async def test_inodes_are_stable(nursery):
@@ -177,6 +190,30 @@ async def test_ttl_expiry_shows_new_version_and_drops_kernel_cache(nursery, auto
     second = await fs.open(node.inode, os.O_RDONLY)
     assert not second.keep_cache  # the kernel must drop pages of the old version
     assert await fs.read(second.fh, 0, 100) == b"new top!"
+
+
+async def test_two_versions_open_at_once_never_share_the_kernel_page_cache(nursery, autojump_clock):
+    mem = store()
+    fs, _ = make_fs(nursery, mem, ttl_s=1.0)
+    node = await fs.lookup(ROOT_INODE, "top.txt")
+    old = await fs.open(node.inode, os.O_RDONLY)
+    assert (old.keep_cache, old.direct_io) == (True, False)
+    assert await fs.read(old.fh, 0, 100) == b"top"
+    mem.put("top.txt", b"new top!")
+    await trio.sleep(2)
+    # the old version is still open: the new one bypasses the (per-inode) page cache
+    new = await fs.open(node.inode, os.O_RDONLY)
+    assert (new.keep_cache, new.direct_io) == (False, True)
+    assert await fs.read(new.fh, 0, 100) == b"new top!"
+    assert await fs.read(old.fh, 0, 100) == b"top"  # still its own version (held in RAM)
+    fs.release(old.fh)
+    # only the new version is open now; the cache may still hold old pages, so drop them
+    again = await fs.open(node.inode, os.O_RDONLY)
+    assert (again.keep_cache, again.direct_io) == (False, False)
+    fs.release(new.fh)
+    fs.release(again.fh)
+    last = await fs.open(node.inode, os.O_RDONLY)
+    assert (last.keep_cache, last.direct_io) == (True, False)
 
 
 async def test_new_blob_appears_after_ttl(nursery, autojump_clock):

@@ -19,6 +19,13 @@ FORBIDDEN = {
     "namespace": ("blocks", "fs", "daemon", "cli", "download"),
     "fs": ("daemon", "cli", "download"),
     "download": ("fs", "blocks", "cli"),
+    # the datastores file is read by the CLI, the API and storage/azure_auth: it stays low
+    "datastores": (
+        *("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli"),
+        *("cachedir", "download", "api"),
+    ),
+    # the Python API spawns the daemon as a process; it never imports the FUSE/storage stack
+    "api": ("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir"),
 }
 LEAVES = ("errors", "units", "source")  # import nothing from blobmount but each other
 
@@ -64,8 +71,21 @@ def test_imports_follow_the_layers(rel, names):
 def test_importing_the_package_and_cli_parser_does_not_need_fuse_or_azure():
     code = (
         "import sys, blobmount, blobmount.settings, blobmount.source, blobmount.cli\n"
+        "import blobmount.api, blobmount.datastores\n"
+        "assert callable(blobmount.mount) and callable(blobmount.download)\n"
         "blobmount.cli._parser()\n"
         "bad = [m for m in ('pyfuse3', 'azure', 'aiohttp') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_importing_the_package_alone_loads_nothing_heavy():
+    # `import blobmount` in a notebook must not pay for pydantic, trio or the API module
+    code = (
+        "import sys, blobmount\n"
+        "bad = [m for m in ('pyfuse3', 'azure', 'aiohttp', 'trio', 'pydantic', 'blobmount.api')"
+        " if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

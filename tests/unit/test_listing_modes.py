@@ -11,6 +11,7 @@ from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.namespace.inodes import ROOT_INODE, inode_for
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
+from tests.helpers.readdir import read_entries
 
 B = 64 * 1024
 FOLDERS, PER_FOLDER = 5_000, 10  # the issue's tree: 50,000 blobs in 5,000 folders
@@ -37,8 +38,7 @@ def make_fs(nursery, mem, mode, ttl_s=None, prefix=""):
 async def walk(fs, inode=ROOT_INODE, path=""):
     """os.walk through the filesystem API: returns every file path."""
     fh = await fs.opendir(inode)
-    entries = []
-    await fs.readdir(fh, 0, lambda name, attr, nxt: entries.append((name, attr)) or True)
+    entries = await read_entries(fs, fh)
     fs.releasedir(fh)
     files = []
     for name, attr in entries:
@@ -95,8 +95,7 @@ async def test_flat_walk_streams_first_entries_before_the_end(nursery):
     seen = []
     await fs.readdir(fh, 0, lambda n, a, x: seen.append(n) or len(seen) < 10)
     assert storage.list_requests - before == 1  # first entries after one page
-    rest = []
-    await fs.readdir(fh, 9, lambda n, a, x: rest.append(n) or True)
+    rest = [name for name, _ in await read_entries(fs, fh, 9)]
     assert len(set(seen[:9] + rest)) == 100_000
     assert storage.list_requests - before == 20
 
@@ -107,9 +106,7 @@ async def test_walked_folder_listing_matches_paged(nursery, big_tree):
     async def kinds(fs):
         data = await fs.lookup(ROOT_INODE, "data")
         fh = await fs.opendir(data.inode)
-        names = []
-        await fs.readdir(fh, 0, lambda n, a, x: names.append((n, a.mode >> 12)) or True)
-        return sorted(names)
+        return sorted((name, attr.mode >> 12) for name, attr in await read_entries(fs, fh))
 
     flat = await kinds(make_fs(nursery, mem, "flat")[0])
     assert flat == await kinds(make_fs(nursery, mem, "hierarchical")[0])
@@ -140,7 +137,16 @@ async def test_metadata_bytes_per_entry(nursery):
     many = await fs.lookup(ROOT_INODE, "many")
     tracemalloc.start()
     fh = await fs.opendir(many.inode)
-    await fs.readdir(fh, 0, lambda name, attr, nxt: True)
+    last = [0]
+
+    def reply(name, attr, next_id):
+        last[0] = next_id
+        return True
+
+    start = -1
+    while start != last[0]:  # like the kernel: call after call, nothing kept by the test
+        start = last[0]
+        await fs.readdir(fh, start, reply)
     current, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     per_entry = current / n

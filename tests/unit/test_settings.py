@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from blobmount.errors import ConfigError
-from blobmount.settings import ENV_VARS, Settings, describe, load_settings
+from blobmount.settings import ENV_VARS, Settings, describe, load_settings, split_host_port
 from blobmount.units import GiB, KiB, MiB
 
 CPUS = os.cpu_count() or 1
@@ -83,6 +83,15 @@ CASES: list[tuple[str, str, Any, str, Any, str]] = [
     ("log_level", "DATASET_MOUNT_LOG_LEVEL", "INFO", "debug", "DEBUG", "TRACE"),
     ("anonymous", "DATASET_MOUNT_ANONYMOUS", False, "1", True, "nope"),
     ("listing_mode", "DATASET_MOUNT_LISTING_MODE", "auto", "FLAT", "flat", "tree"),
+    ("log_format", "DATASET_MOUNT_LOG_FORMAT", "text", "JSON", "json", "yaml"),
+    (
+        "metrics_addr",
+        "DATASET_MOUNT_METRICS_ADDR",
+        None,
+        "127.0.0.1:9464",
+        "127.0.0.1:9464",
+        "9464",
+    ),
 ]
 IDS = [case[0] for case in CASES]
 
@@ -154,6 +163,12 @@ def test_no_pydantic_error_escapes_or_chains() -> None:
         ("DATASET_MOUNT_FILE_MODE", "01444"),
         ("DATASET_MOUNT_FILE_MODE", "r--r--r--"),
         ("DATASET_MOUNT_DIR_MODE", "0575"),
+        ("DATASET_MOUNT_METRICS_ADDR", "127.0.0.1:0"),
+        ("DATASET_MOUNT_METRICS_ADDR", "127.0.0.1:65536"),
+        ("DATASET_MOUNT_METRICS_ADDR", "127.0.0.1:"),
+        ("DATASET_MOUNT_METRICS_ADDR", ":9464"),
+        ("DATASET_MOUNT_METRICS_ADDR", "::1:9464"),
+        ("DATASET_MOUNT_METRICS_ADDR", "http://127.0.0.1:9464"),
     ],
 )
 def test_more_bad_values(env_var: str, bad: str) -> None:
@@ -180,6 +195,8 @@ def test_write_bits_are_refused_because_the_mount_is_read_only() -> None:
         ({"DATASET_MOUNT_DIR_MODE": "0"}, "dir_mode", 0),
         ({"DATASET_MOUNT_LOG_LEVEL": "warn"}, "log_level", "WARNING"),
         ({"DATASET_MOUNT_READ_THREADS": " 8 "}, "read_threads", 8),
+        ({"DATASET_MOUNT_METRICS_ADDR": "[::1]:9464"}, "metrics_addr", "[::1]:9464"),
+        ({"DATASET_MOUNT_METRICS_ADDR": "node-1.local:80"}, "metrics_addr", "node-1.local:80"),
     ],
 )
 def test_edge_values_accepted(env: dict[str, str], field: str, expected: Any) -> None:
@@ -366,3 +383,18 @@ def test_importing_settings_does_not_import_fuse_or_azure() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_metrics_address_splits_into_host_and_port() -> None:
+    assert split_host_port("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert split_host_port("[::1]:9464") == ("::1", 9464)
+    assert split_host_port("0.0.0.0:1") == ("0.0.0.0", 1)
+
+
+def test_metrics_address_message_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"DATASET_MOUNT_METRICS_ADDR": "localhost"})
+    assert str(info.value).startswith("DATASET_MOUNT_METRICS_ADDR='localhost' is not valid")
+    assert "host:port" in str(info.value)
+    row = {n: v for n, v, _ in describe(load_settings({}))}["DATASET_MOUNT_METRICS_ADDR"]
+    assert row == "off"

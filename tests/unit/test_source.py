@@ -1,11 +1,20 @@
-"""Source URIs: every accepted form, every refusal, and the SAS never shown."""
+"""Source URIs: every accepted form (azureml:// too), every refusal, and the SAS never shown."""
 
 from __future__ import annotations
 
 import pytest
 
 from blobmount.errors import SourceError
-from blobmount.source import SourceSpec, parse_source, redact_uri
+from blobmount.source import (
+    CredentialRef,
+    DatastoreRef,
+    SourceSpec,
+    container_problem,
+    is_datastore_uri,
+    parse_datastore_uri,
+    parse_source,
+    redact_uri,
+)
 
 SECRET = "c2VjcmV0c2lnbmF0dXJl%3D"
 SAS = f"sv=2022-11-02&ss=b&srt=co&sp=rl&se=2030-01-01T00:00:00Z&sig={SECRET}"
@@ -253,9 +262,142 @@ def test_errors(uri: str, problem: str) -> None:
         "AZUREML://datastores/x/paths/y",
     ],
 )
-def test_azureml_is_planned_not_supported(uri: str) -> None:
-    with pytest.raises(SourceError, match=r"datastore URIs .* not supported yet \(planned\)"):
+def test_parse_source_alone_refuses_azureml_and_points_at_the_datastores_file(uri: str) -> None:
+    with pytest.raises(SourceError, match=r"names a datastore.*datastores file"):
         parse_source(uri)
+
+
+# -- azureml:// ---------------------------------------------------------------------------
+
+SUB = "00000000-1111-2222-3333-444444444444"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        (
+            "azureml://datastores/workspaceblobstore/paths/imagenet/train",
+            DatastoreRef("workspaceblobstore", "imagenet/train/"),
+        ),
+        ("azureml://datastores/ds/paths/a/b/", DatastoreRef("ds", "a/b/")),
+        ("azureml://datastores/ds/paths/", DatastoreRef("ds", "")),
+        ("azureml://datastores/ds/paths", DatastoreRef("ds", "")),
+        ("  azureml://datastores/ds/paths/x \n", DatastoreRef("ds", "x/")),
+        ("AZUREML://Datastores/my_ds/Paths/CaseKept", DatastoreRef("my_ds", "CaseKept/")),
+        ("azureml://datastores/ds/paths/a%20b/%C3%A9", DatastoreRef("ds", "a b/é/")),
+        ("azureml://datastores/ds/paths/q%3Fx%23y", DatastoreRef("ds", "q?x#y/")),
+        ("azureml://datastores/ds-1/paths/x", DatastoreRef("ds-1", "x/")),
+        (
+            f"azureml://subscriptions/{SUB}/resourcegroups/my-rg/workspaces/my-ws/"
+            "datastores/workspaceblobstore/paths/data/train",
+            DatastoreRef("workspaceblobstore", "data/train/", SUB, "my-rg", "my-ws"),
+        ),
+        (
+            # the portal's spelling: resourceGroups
+            f"azureml://subscriptions/{SUB}/resourceGroups/rg.(x)/workspaces/ws_1/"
+            "datastores/ds/paths/",
+            DatastoreRef("ds", "", SUB, "rg.(x)", "ws_1"),
+        ),
+    ],
+)
+def test_parse_datastore_uri(uri: str, expected: DatastoreRef) -> None:
+    assert is_datastore_uri(uri)
+    assert parse_datastore_uri(uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "problem"),
+    [
+        ("az://data/x", "not an azureml:// URI"),
+        ("azureml://", "expected azureml://datastores/<name>/paths/<path>"),
+        ("azureml://datastores", "expected azureml://datastores/<name>/paths/<path>"),
+        ("azureml://datastores/", "no datastore name"),
+        ("azureml://datastores//paths/x", "no datastore name"),
+        ("azureml://datastores/ds", "no paths/ after the datastore name"),
+        ("azureml://datastores/ds/", "no paths/ after the datastore name"),
+        ("azureml://datastores/ds/files/x", "no paths/ after the datastore name"),
+        ("azureml://datastores/my%20ds/paths/x", "datastore name 'my ds' is not valid"),
+        ("azureml://datastores/a.b/paths/x", "datastore name 'a.b' is not valid"),
+        ("azureml://datastores/ds/paths/a//b", "empty path segment"),
+        ("azureml://datastores/ds/paths/a/../b", "'..' segment"),
+        ("azureml://datastores/ds/paths/" + "x" * 1100, "longer than 1024"),
+        ("azureml://datastores/ds/paths/x#frag", "'#' fragment"),
+        ("azureml://datastores/ds/paths/x?sv=1", "take no query string"),
+        ("azureml://workspaces/w/datastores/ds/paths/x", "expected azureml://datastores"),
+        ("azureml://subscriptions/s/datastores/ds/paths/x", "expected azureml://datastores"),
+        (
+            "azureml://subscriptions/s/resourcegroups/r/datastores/ds/paths/x",
+            "expected azureml://datastores",
+        ),
+        (
+            "azureml://subscriptions//resourcegroups/r/workspaces/w/datastores/ds/paths/x",
+            "expected azureml://datastores",
+        ),
+        (
+            "azureml://subscriptions/s/resourcegroups/r/workspaces/w/paths/x",
+            "expected azureml://datastores",
+        ),
+        (
+            "azureml://subscriptions/s/resourcegroups/r/workspaces/w%20x/datastores/d/paths/x",
+            "workspace name 'w x' is not valid",
+        ),
+        (
+            "azureml://locations/westeurope/workspaces/abc/data/mnist/versions/1",
+            "data asset URIs are not supported",
+        ),
+        ("azureml://data/mnist/versions/1", "data asset URIs are not supported"),
+    ],
+)
+def test_parse_datastore_uri_errors(uri: str, problem: str) -> None:
+    with pytest.raises(SourceError) as info:
+        parse_datastore_uri(uri)
+    assert problem in str(info.value)
+
+
+def test_datastore_uri_errors_never_show_a_sas() -> None:
+    with pytest.raises(SourceError) as info:
+        parse_datastore_uri(f"azureml://datastores/ds/paths/x?{SAS}")
+    assert SECRET not in str(info.value)
+    assert "sig=***" in str(info.value)
+
+
+@pytest.mark.parametrize("uri", ["az://data", "https://a.blob.core.windows.net/c", "data", ""])
+def test_is_datastore_uri_is_false_for_other_forms(uri: str) -> None:
+    assert not is_datastore_uri(uri)
+
+
+def test_datastore_spec_displays_as_its_uri_and_hides_an_inline_sas() -> None:
+    ref = CredentialRef("sas_token", inline_sas=SAS, origin="datastore 'ds' in /x.toml")
+    spec = SourceSpec("azureml", "data", "a b/c/", "acct", None, datastore="ds", credential=ref)
+    assert spec.display == "azureml://datastores/ds/paths/a%20b/c"
+    for text in (repr(spec), str(spec), repr(ref), ref.label, spec.display):
+        assert SECRET not in text
+    assert "inline_sas='***'" in repr(spec)
+    assert "datastore='ds'" in repr(spec)
+
+
+@pytest.mark.parametrize(
+    ("ref", "label"),
+    [
+        (CredentialRef("account_key_env", "MY_KEY"), "account key from $MY_KEY"),
+        (CredentialRef("sas_token_env", "MY_SAS"), "SAS token from $MY_SAS"),
+        (CredentialRef("connection_string_env", "CS"), "connection string from $CS"),
+        (CredentialRef("account_key_file", "/k/key"), "account key from file /k/key"),
+        (CredentialRef("sas_token", inline_sas=SAS), "SAS token (inline in the datastores file)"),
+        (CredentialRef("azure_ad"), "Azure AD (DefaultAzureCredential)"),
+        (CredentialRef("anonymous"), "anonymous"),
+    ],
+)
+def test_credential_labels_name_the_kind_never_the_secret(ref: CredentialRef, label: str) -> None:
+    assert ref.label == label
+
+
+def test_container_problem() -> None:
+    assert container_problem("data") is None
+    assert container_problem("$root") is None
+    problem = container_problem("Bad_Name")
+    assert problem is not None
+    assert "'Bad_Name' is not valid" in problem
 
 
 def test_errors_echo_the_uri() -> None:

@@ -1,17 +1,233 @@
-"""`blobmount download URI DEST` (issue 6; being built)."""
+"""`blobmount download URI DEST`: the command line of download mode.
+
+Same URI forms, credentials and settings as `mount` (the storage stack comes from
+`daemon.open_azure_storage`, wrapped for retries and counting as the mount wraps it).
+RSLEX_DOWNLOADER_THREADS sets the transfers in flight, AZUREML_DATASET_HTTP_RETRY_COUNT the
+retries. Progress goes to stderr (a bar on a terminal, log lines otherwise); the summary goes
+to stdout, as text or, with --json, as one JSON object.
+
+Exit status: 0 when every blob under the prefix was copied (or was already current), 1 when
+any blob failed or was refused (they are listed with the reason) or the download could not
+run, 128+N when stopped by signal N (130 for Ctrl-C, 143 for SIGTERM).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import logging
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from blobmount.download.downloader import DownloadConfig, Downloader, DownloadResult
+from blobmount.download.progress import make_reporter, report_progress, summary_json, summary_lines
+from blobmount.download.transfer import DEFAULT_PART_SIZE
+from blobmount.errors import BlobmountError, ConfigError
+from blobmount.units import KiB, MiB, format_size, parse_size
+
+if TYPE_CHECKING:
+    from blobmount.daemon import StorageFactory
+    from blobmount.settings import Settings
+    from blobmount.source import SourceSpec
+
+log = logging.getLogger(__name__)
+
+MIN_PART_SIZE = 64 * KiB
+MAX_PART_SIZE = 256 * MiB
+
+
+def _part_size(text: str) -> int:
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not MIN_PART_SIZE <= size <= MAX_PART_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not between {format_size(MIN_PART_SIZE)} and {format_size(MAX_PART_SIZE)}"
+        )
+    return size
 
 
 def add_download_parser(sub: Any) -> None:
-    parser = sub.add_parser("download", help="copy a container or prefix to a local folder")
-    parser.add_argument("uri")
-    parser.add_argument("dest")
+    parser = sub.add_parser(
+        "download",
+        help="copy a container or prefix to a local folder",
+        description="Copy every blob under URI to DEST, keeping the folder structure. A rerun "
+        "skips files already current and fetches the rest. Transfers: RSLEX_DOWNLOADER_THREADS "
+        "(default 4 x cores); retries: AZUREML_DATASET_HTTP_RETRY_COUNT. See docs/DOWNLOAD.md.",
+    )
+    parser.add_argument(
+        "uri", help="az://, https://, http:// (Azurite), wasbs:// or azureml:// URI"
+    )
+    parser.add_argument("dest", type=Path, help="local folder (created if missing)")
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="download only paths (relative to the prefix) matching GLOB; repeatable",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out paths matching GLOB; repeatable; wins over --include",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check Content-MD5 where the blob has one (also of files already present)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="concurrent transfers (overrides RSLEX_DOWNLOADER_THREADS)",
+    )
+    parser.add_argument(
+        "--part-size",
+        type=_part_size,
+        default=DEFAULT_PART_SIZE,
+        metavar="SIZE",
+        help="blobs larger than this are fetched in parallel parts of this size (default 8MB)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar or progress log lines"
+    )
+    parser.add_argument(
+        "--anonymous", action="store_true", default=None, help="no credentials (public containers)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    result: DownloadResult
+    interrupted: str | None  # the signal's name, when one stopped the download
+    requests: dict[str, Any]  # storage request counts (CountingStorageClient)
+    retries: dict[str, Any]
+
+
+def exit_status(outcome: Outcome) -> int:
+    if outcome.interrupted is not None:
+        return 128 + int(signal.Signals[outcome.interrupted])
+    return 0 if outcome.result.ok else 1
 
 
 def run_download(args: argparse.Namespace) -> int:
-    print("blobmount: download is not implemented yet")
-    return 2
+    from blobmount.datastores import resolve_source
+    from blobmount.logs import setup_logging
+    from blobmount.settings import load_settings
+
+    settings = load_settings(downloader_threads=args.threads, anonymous=args.anonymous)
+    spec = resolve_source(args.uri)
+    setup_logging(settings.log_level, stderr=True)
+    try:
+        config = DownloadConfig(
+            dest=args.dest.absolute(),
+            prefix=spec.prefix,
+            transfers=settings.downloader_threads,
+            part_size=args.part_size,
+            verify=args.verify,
+            includes=tuple(args.include),
+            excludes=tuple(args.exclude),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    log.info(
+        "downloading %s to %s (%d transfers, parts of %s)",
+        spec.display,
+        config.dest,
+        config.transfers,
+        format_size(config.part_size),
+    )
+    outcome = trio.run(download, settings, spec, config, not args.no_progress)
+    if args.json:
+        extra = {"requests": outcome.requests, "retries": outcome.retries}
+        summary = summary_json(outcome.result, interrupted=outcome.interrupted, extra=extra)
+        print(json.dumps(summary))
+    else:
+        for line in summary_lines(outcome.result, interrupted=outcome.interrupted):
+            print(f"blobmount: {line}")
+    sys.stdout.flush()
+    return exit_status(outcome)
+
+
+async def download(
+    settings: Settings,
+    spec: SourceSpec,
+    config: DownloadConfig,
+    progress: bool = True,
+    storage_factory: StorageFactory | None = None,
+) -> Outcome:
+    """Open the storage stack the mount uses, run a Downloader, stop cleanly on SIGINT/SIGTERM.
+
+    `storage_factory` replaces the Azure client (tests pass the in-memory store); retries
+    (AZUREML_DATASET_HTTP_RETRY_COUNT) and request counting are wrapped around it either way.
+    Must run in the main thread (it installs signal handlers).
+
+    Raises:
+        BlobmountError: the download could not start (bad destination, credentials...).
+    """
+    from blobmount.daemon import open_azure_storage
+    from blobmount.storage.counting import CountingStorageClient
+    from blobmount.storage.retry import RetryingStorageClient
+
+    opener = storage_factory or (lambda: open_azure_storage(settings, spec))
+    reporter = make_reporter(enabled=progress)
+    interrupted: str | None = None
+    failed_to_start: BlobmountError | None = None
+    async with opener() as azure:
+        retrying = RetryingStorageClient(azure, retries=settings.http_retry_count)
+        storage = CountingStorageClient(retrying)
+        downloader = Downloader(storage, config)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signal() -> None:
+                    nonlocal interrupted
+                    async for signum in signals:
+                        interrupted = signal.Signals(signum).name
+                        log.info("%s: stopping; completed files are kept", interrupted)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(on_signal)
+                if reporter is not None:
+                    nursery.start_soon(report_progress, downloader.statistics, reporter)
+                try:
+                    with _redirect_logging(reporter):
+                        await downloader.run()
+                except BlobmountError as exc:
+                    # kept out of the nursery, which would wrap it in an ExceptionGroup
+                    failed_to_start = exc
+                nursery.cancel_scope.cancel()
+        if reporter is not None:
+            reporter.close(downloader.statistics())
+    if failed_to_start is not None:
+        raise failed_to_start
+    return Outcome(
+        downloader.result(),
+        interrupted,
+        asdict(storage.statistics()),
+        asdict(retrying.statistics()),
+    )
+
+
+def _redirect_logging(reporter: object) -> Any:
+    """While a tqdm bar is drawn, route log lines through tqdm so they do not tear it."""
+    from contextlib import nullcontext
+
+    from blobmount.download.progress import BarReporter
+
+    if isinstance(reporter, BarReporter):
+        from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
+
+        return logging_redirect_tqdm()
+    return nullcontext()

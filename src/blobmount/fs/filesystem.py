@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import stat
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from blobmount.fs.readers import BlockReader, OpenReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
 from blobmount.namespace.listing import DirEntry, DirListing
-from blobmount.namespace.names import valid_segment
+from blobmount.namespace.names import NAME_MAX, valid_segment
 from blobmount.storage.base import StorageClient
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class NamespaceStats:
 class OpenedFile:
     fh: int
     keep_cache: bool
+    direct_io: bool = False
 
 
 class _DirHandle:
@@ -106,6 +108,17 @@ Replier = Callable[[str, Attr, int], bool]
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
+def _is_utf8(name: str) -> bool:
+    """False for a name from the kernel whose bytes are not UTF-8 (decoded with
+    surrogateescape): no blob can have it, so it is absent without asking storage (whose URL
+    quoting, like our log files, cannot encode it)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class BlobFilesystem:
     def __init__(self, storage: StorageClient, blocks: BlockManager, config: FsConfig) -> None:
         self._storage = storage
@@ -117,6 +130,8 @@ class BlobFilesystem:
         )
         self._dirs: dict[int, _DirHandle] = {}
         self._files: dict[int, _FileHandle] = {}
+        #: per inode, the versions (ETags) its open handles are pinned to, with counts
+        self._open_etags: dict[int, Counter[str]] = {}
         self._fh = itertools.count(1)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -158,7 +173,9 @@ class BlobFilesystem:
         parent = self._node(parent_inode)
         if not parent.is_dir:
             raise FsError(errno.ENOTDIR)
-        if not valid_segment(name):
+        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)  # what statfs's name_max promises
+        if not valid_segment(name) or not _is_utf8(name):
             return None
         node = await self._resolve(parent, name)
         if node is not None:
@@ -230,7 +247,9 @@ class BlobFilesystem:
 
     async def readdir(self, fh: int, start: int, reply: Replier) -> None:
         """Hand entries from index `start` to `reply(name, attr, next_index)` until it returns
-        False or the folder ends. Fetches list pages only as they are needed."""
+        False, the folder ends, or the next entry needs another list page while this request
+        already holds some: the kernel's buffer can take ~6,000 entries, and the reader should
+        get the first page's entries without waiting for the second (the kernel asks again)."""
         handle = self._dirs.get(fh)
         if handle is None:
             raise FsError(errno.EBADF)
@@ -238,7 +257,7 @@ class BlobFilesystem:
         index = start
         while True:
             if index >= len(listing.entries):
-                if listing.complete:
+                if listing.complete or index > start:
                     return
                 await listing.ensure(index + 1)
                 if index >= len(listing.entries):
@@ -273,17 +292,26 @@ class BlobFilesystem:
         if not self._fresh(node.fetched) or node.etag is None:
             await self._refresh(node)
         assert node.etag is not None
-        version = BlobVersion(self._blob_name(node.path), node.etag, node.size)
-        # The kernel may keep pages from earlier opens only if they are of this same version.
-        keep_cache = node.open_etag in (None, node.etag)
-        node.open_etag = node.etag
+        etag = node.etag
+        version = BlobVersion(self._blob_name(node.path), etag, node.size)
+        open_etags = self._open_etags.setdefault(node.inode, Counter())
+        if any(other != etag for other in open_etags):
+            # The kernel's page cache is one per inode, shared by all handles, and handles
+            # pinned to another version are open: this one bypasses it, so no handle ever reads
+            # pages of the other version.
+            keep_cache, direct_io = False, True
+        else:
+            # The kernel may keep pages from earlier opens only if they are of this same version.
+            keep_cache, direct_io = node.open_etag in (None, etag), False
+            node.open_etag = etag
+        open_etags[etag] += 1
         reader = BlockReader(self._blocks, self._blocks.open(version))
         fh = next(self._fh)
         node.opens += 1
         self._files[fh] = _FileHandle(node, version, reader)
-        return OpenedFile(fh, keep_cache)
+        return OpenedFile(fh, keep_cache, direct_io)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._files.get(fh)
         if handle is None:
             raise FsError(errno.EBADF)
@@ -293,6 +321,12 @@ class BlobFilesystem:
         handle = self._files.pop(fh, None)
         if handle is not None:
             handle.reader.close()
+            etags = self._open_etags[handle.node.inode]
+            etags[handle.version.etag] -= 1
+            if etags[handle.version.etag] <= 0:
+                del etags[handle.version.etag]
+            if not etags:
+                del self._open_etags[handle.node.inode]
             handle.node.opens -= 1
             self.inodes.release_if_unused(handle.node)
 
@@ -305,5 +339,5 @@ class BlobFilesystem:
             block_size=self.config.block_size,
             blocks=0,
             files=len(self.inodes),
-            name_max=255,
+            name_max=NAME_MAX,
         )

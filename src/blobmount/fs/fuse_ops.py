@@ -125,7 +125,9 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         async with self._request("open"):
             opened = await self.fs.open(inode, flags)
-            return pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache)
+            return pyfuse3.FileInfo(
+                fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
+            )
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]  # pyfuse3 takes any buffer
         async with self._request("read"):

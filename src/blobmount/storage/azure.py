@@ -6,9 +6,17 @@ client and its aiohttp session are created lazily by the first call, *on the loo
 closed there by `aclose()`. Trio code only ever awaits `bridge.run(...)`.
 
 The SDK's own retries are disabled (retry_total=0); RetryingStorageClient retries transient
-failures with backoff. Every SDK / aiohttp / asyncio exception is turned into a
-`blobmount.errors` exception by `translate_error` alone, with a message of our own making: the
-SDK's texts can contain request URLs, and a URL can carry a SAS signature.
+failures with backoff. Two things the SDK does regardless, and what bounds them:
+- aiohttp's timeouts are per step: connecting (connect timeout) and each socket read (read
+  timeout). A body that trickles in a few bytes at a time never trips either, so every call also
+  has an overall deadline (`call_deadline_s`), after which it fails as StorageUnavailable.
+- `download_blob` re-requests a body that breaks off or stalls up to 3 times with 1 s pauses
+  (a fixed loop in azure.storage.blob.aio._download_async, not governed by retry_total or any
+  other option). Those hidden re-requests run inside the same deadline.
+
+Every SDK / aiohttp / asyncio exception is turned into a `blobmount.errors` exception by
+`translate_error` alone, with a message of our own making: the SDK's texts can contain request
+URLs, and a URL can carry a SAS signature.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import aiohttp
+import trio
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -66,6 +75,11 @@ _BLOB_CLIENT_CACHE = 1024
 #: how much aiohttp hands the SDK per read; the SDK's default (4 KiB with a custom transport)
 #: would cost ~500 Python iterations per 2 MiB block
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
+
+#: the slowest average body rate a call is given time for (see call_deadline_s)
+MIN_BODY_BYTES_PER_S = 1024 * 1024
+#: the most a list page weighs (5,000 names with metadata), for its deadline
+_LIST_PAGE_BYTES = 4 * 1024 * 1024
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 #: cleanup tasks in flight (see _container)
@@ -431,11 +445,27 @@ class AzureStorageClient(StorageClient):
     def _where(self, name: str) -> str:
         return f"{self.location}/{name}"
 
-    async def _call(self, op: str, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    def call_deadline_s(self, body_bytes: int) -> float:
+        """The longest one call may take: connecting, the first byte within a read timeout, one
+        more read timeout of slack, and the body at MIN_BODY_BYTES_PER_S.
+
+        A call on a healthy connection never gets near it; it stops a body that trickles
+        forever, and the SDK's own re-requests of a broken body (see the module docstring).
+        """
+        return (
+            self._connect_timeout_s + 2 * self._read_timeout_s + body_bytes / MIN_BODY_BYTES_PER_S
+        )
+
+    async def _call(
+        self, op: str, name: str, fn: Callable[[], Awaitable[T]], *, body_bytes: int = 0
+    ) -> T:
         if self._closed:
             raise StorageError(f"{op} {self._where(name)} failed: the storage client is closed")
+        deadline_s = self.call_deadline_s(body_bytes)
         try:
-            return await self._bridge.run(fn)
+            # cancelling the bridge call cancels the SDK coroutine and its connection
+            with trio.move_on_after(deadline_s):
+                return await self._bridge.run(fn)
         except Exception as exc:
             err = translate_error(exc, op, self._where(name))
             if err is exc:
@@ -443,6 +473,9 @@ class AzureStorageClient(StorageClient):
             # `from None`: the SDK's exception text may quote a URL with a SAS in it
             log.debug("%s (%s)", err, type(exc).__name__)
             raise err from None
+        raise StorageUnavailable(
+            f"{op} {self._where(name)}: timed out (no complete answer in {deadline_s:.1f}s)"
+        )
 
     async def list_page(
         self,
@@ -456,6 +489,7 @@ class AzureStorageClient(StorageClient):
             "list",
             prefix,
             lambda: self._list(prefix, delimiter, continuation, max_results),
+            body_bytes=_LIST_PAGE_BYTES,
         )
 
     async def get_properties(self, name: str) -> BlobProps:
@@ -472,6 +506,7 @@ class AzureStorageClient(StorageClient):
             f"GET bytes {start}-{start + length - 1} of",
             name,
             lambda: self._get_range(name, etag, start, length),
+            body_bytes=length,
         )
 
     async def aclose(self) -> None:

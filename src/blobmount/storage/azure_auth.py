@@ -9,6 +9,9 @@ Order, first that applies (see docs/CONFIGURATION.md):
 5. Azure AD via azure.identity.aio.DefaultAzureCredential, for https endpoints
 6. anonymous, for plain-http endpoints (emulators) with nothing else
 
+For an azureml:// source the datastore's credential reference (from the datastores file, see
+blobmount.datastores) is used instead of this order.
+
 Secrets never appear in messages or reprs: AzureAccess shows a label ("account key"), never the
 credential, and errors about a bad connection string name the variable, not its content.
 Resolving makes no network request (DefaultAzureCredential only asks for a token when used).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -25,7 +29,7 @@ from urllib.parse import urlsplit
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 from blobmount.errors import ConfigError, CredentialError
-from blobmount.source import SourceSpec
+from blobmount.source import CredentialRef, SourceSpec
 from blobmount.storage._aio_bridge import AsyncioBridge
 from blobmount.storage.azure import AzureStorageClient, account_name_from_url
 
@@ -111,7 +115,7 @@ def _mismatch(spec: SourceSpec, spec_account: str, other: str, where: str) -> Cr
     )
 
 
-def _parse_connection_string(raw: str) -> dict[str, str]:
+def _parse_connection_string(raw: str, var: str = CONNECTION_STRING_VAR) -> dict[str, str]:
     """Key=Value;... into a dict with lower-cased keys. Values may contain '=' (base64, SAS)."""
     fields: dict[str, str] = {}
     for segment in raw.split(";"):
@@ -120,17 +124,17 @@ def _parse_connection_string(raw: str) -> dict[str, str]:
             continue
         key, sep, value = segment.partition("=")
         if not sep or not key.strip():
-            raise CredentialError(
-                f"{CONNECTION_STRING_VAR} is malformed: expected Key=Value pairs separated by ';'"
-            )
+            raise CredentialError(f"{var} is malformed: expected Key=Value pairs separated by ';'")
         fields[key.strip().lower()] = value.strip()
     if not fields:
-        raise CredentialError(f"{CONNECTION_STRING_VAR} is empty")
+        raise CredentialError(f"{var} is empty")
     return fields
 
 
-def _from_connection_string(spec: SourceSpec, raw: str) -> AzureAccess:
-    cs = _parse_connection_string(raw)
+def _from_connection_string(
+    spec: SourceSpec, raw: str, var: str = CONNECTION_STRING_VAR
+) -> AzureAccess:
+    cs = _parse_connection_string(raw, var)
     if cs.get("usedevelopmentstorage", "").lower() == "true":
         cs.setdefault("accountname", DEV_ACCOUNT)
         cs.setdefault("accountkey", DEV_KEY)
@@ -138,30 +142,27 @@ def _from_connection_string(spec: SourceSpec, raw: str) -> AzureAccess:
 
     endpoint = cs.get("blobendpoint")
     if endpoint:
-        endpoint = _check_url(endpoint, f"BlobEndpoint in {CONNECTION_STRING_VAR}")
+        endpoint = _check_url(endpoint, f"BlobEndpoint in {var}")
     account = cs.get("accountname") or (account_name_from_url(endpoint) if endpoint else None)
     if not account:
-        raise CredentialError(
-            f"{CONNECTION_STRING_VAR} is malformed: it has neither AccountName nor BlobEndpoint"
-        )
+        raise CredentialError(f"{var} is malformed: it has neither AccountName nor BlobEndpoint")
     if not endpoint:
         protocol = cs.get("defaultendpointsprotocol", "https").lower()
         if protocol not in ("http", "https"):
             raise CredentialError(
-                f"{CONNECTION_STRING_VAR} is malformed: DefaultEndpointsProtocol must be "
-                "http or https"
+                f"{var} is malformed: DefaultEndpointsProtocol must be http or https"
             )
         suffix = cs.get("endpointsuffix", "core.windows.net").strip(".")
         endpoint = f"{protocol}://{account}.blob.{suffix}"
 
     spec_account = _spec_account(spec)
     if spec_account and spec_account != account:
-        raise _mismatch(spec, spec_account, account, CONNECTION_STRING_VAR)
+        raise _mismatch(spec, spec_account, account, var)
 
     account_url = spec.account_url.rstrip("/") if spec.account_url else endpoint
     credential: object
     if cs.get("accountkey"):
-        key = _check_key(cs["accountkey"], f"AccountKey in {CONNECTION_STRING_VAR}")
+        key = _check_key(cs["accountkey"], f"AccountKey in {var}")
         credential, method = AzureNamedKeyCredential(account, key), "connection string"
     elif cs.get("sharedaccesssignature"):
         sas = cs["sharedaccesssignature"].lstrip("?")
@@ -195,10 +196,44 @@ def _account_and_endpoint(spec: SourceSpec, env: Mapping[str, str]) -> tuple[str
 # -- public --------------------------------------------------------------------------------
 
 
+def _from_datastore(spec: SourceSpec, ref: CredentialRef, env: Mapping[str, str]) -> AzureAccess:
+    """Access for an azureml:// source: the datastore's credential reference decides alone."""
+    # imported here: only azureml:// sources need the datastores module
+    from blobmount.datastores import credential_secret
+
+    assert spec.account is not None  # resolve_datastore always sets it
+    secret = credential_secret(ref, env)
+    if ref.kind == "connection_string_env":
+        assert secret is not None
+        assert ref.reference is not None
+        access = _from_connection_string(spec, secret, f"{ref.reference} ({ref.origin})")
+        return dataclasses.replace(access, method=f"{access.method} from ${ref.reference}")
+    account = spec.account
+    account_url = (spec.account_url or f"https://{account}.blob.core.windows.net").rstrip("/")
+    credential: object = None
+    if ref.kind in ("account_key_env", "account_key_file"):
+        assert secret is not None
+        credential = AzureNamedKeyCredential(account, _check_key(secret, ref.origin))
+    elif ref.kind in ("sas_token_env", "sas_token"):
+        assert secret is not None
+        credential = AzureSasCredential(secret.lstrip("?"))
+    elif ref.kind == "azure_ad":
+        from azure.identity.aio import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return AzureAccess(account_url, account, spec.container, credential, ref.label)
+
+
 def resolve_access(
     spec: SourceSpec, env: Mapping[str, str], *, anonymous: bool = False
 ) -> AzureAccess:
-    """Decide endpoint and credential for `spec` from `env` (see the module docstring)."""
+    """Decide endpoint and credential for `spec` from `env` (see the module docstring).
+
+    An azureml:// source carries its datastore's credential reference (`spec.credential`),
+    which wins over every rule of the order: the datastore says how to authenticate.
+    """
+    if spec.credential is not None:
+        return _from_datastore(spec, spec.credential, env)
     raw_cs = env.get(CONNECTION_STRING_VAR, "")
     if raw_cs.strip():
         return _from_connection_string(spec, raw_cs)

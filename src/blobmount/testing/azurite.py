@@ -350,6 +350,8 @@ class AzuriteServer:
                     if response.status != 201:
                         errors.append(f"{name}: HTTP {response.status}")
                         return
+            except OSError as exc:  # reported to the caller, not lost in a thread
+                errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 conn.close()
 

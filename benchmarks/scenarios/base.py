@@ -1,0 +1,195 @@
+"""What a scenario is, and the plans it hands to the systems that run it.
+
+A scenario turns the run's datasets into a `Workload`: one `MountPlan` (files opened and read
+through a mount by reader threads) and one or more `CeilingPlan`s (the same bytes fetched directly
+with `AzureStorageClient`). Every read names its blob and offset, and lands at a fixed place
+(`dest`) of one result buffer, so a run is verified afterwards read by read against
+`Workload.source` (the generated content of each blob).
+
+Scenarios register themselves (see `scenarios/__init__.py`); the harness (`benchmarks/run.py`)
+never names one. A scenario that is not built yet registers with `todo` set: it is listed and
+reported as a TODO slot, never run.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from scenarios.datasets import Datasets, Store
+
+log = logging.getLogger(__name__)
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+#: the mount's default block size (DATASET_MOUNT_READ_BLOCK_SIZE)
+DEFAULT_BLOCK_SIZE = 2 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Dataset and workload sizes for one run (`--quick` or full)."""
+
+    name: str
+    large_file_bytes: int
+    small_file_count: int
+    seek_chunks: int
+
+
+#: sized for a 2-core, 24 GiB machine: the full run stays within ~15 minutes. Issue #9 suggested
+#: 20,000 small files; Azurite's per-request CPU grows with the blobs it holds (7.8 ms per GET at
+#: 20,000 against 1.3 ms at 1,000), so at 20,000 the scenario measures Azurite's lookups, not the
+#: mount, and takes over 15 minutes alone. `--small-files 20000` still runs it.
+FULL = Profile("full", large_file_bytes=2 * GiB, small_file_count=10_000, seek_chunks=1_000)
+QUICK = Profile("quick", large_file_bytes=512 * MiB, small_file_count=4_000, seek_chunks=300)
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Read `length` bytes at `offset` of a file into the result buffer at `dest`."""
+
+    offset: int
+    length: int
+    dest: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileJob:
+    """Open one file (by blob name, relative to the mount root), do `reads` in order, close."""
+
+    blob: str
+    reads: tuple[Read, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MountPlan:
+    """`threads` reader threads take jobs from one shared queue, in order, until it is empty."""
+
+    jobs: tuple[FileJob, ...]
+    threads: int
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class RangeGet:
+    """One `get_range` call; its bytes belong at `dest` of the result buffer."""
+
+    blob: str
+    etag: str
+    offset: int
+    length: int
+    dest: int
+
+
+@dataclass(frozen=True, slots=True)
+class CeilingPlan:
+    """Steps run one after another; the GETs of a step run `concurrency` at a time.
+
+    One step holding every GET is "fetch all of it as fast as you can"; one step per chunk keeps
+    a reader's order (chunk i+1 is asked for only once chunk i is in memory).
+    """
+
+    steps: tuple[tuple[RangeGet, ...], ...]
+    concurrency: int
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Everything the systems need to run one scenario, and what a correct run produces."""
+
+    #: the Azurite and container holding the data (a mount's root is the container)
+    store: Store
+    #: bytes the readers ask for (= size of the result buffer)
+    requested_bytes: int
+    #: files opened (files/s is reported when this is more than one)
+    files: int
+    #: the generated content of a blob (what every read of it is compared with)
+    source: Callable[[str], bytes] = field(repr=False)
+    mount: MountPlan
+    #: system name -> plan; "ceiling" is the reference every ratio is taken against
+    ceilings: Mapping[str, CeilingPlan]
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+class Scenario(ABC):
+    """One access pattern from the seed's "Optimum mount settings for common scenarios"."""
+
+    #: the name used with --scenario
+    name: ClassVar[str]
+    #: the scenario's number in issue #9 (1-5 follow the seed's order)
+    number: ClassVar[int]
+    title: ClassVar[str]
+    #: DATASET_MOUNT_* settings for the mount, as the seed recommends for this scenario
+    mount_env: ClassVar[Mapping[str, str]] = {}
+    #: where the settings come from, and anything a reader of the results should know
+    settings_note: ClassVar[str] = ""
+    #: diagnostic mounts: system name -> settings applied on top of `mount_env`
+    mount_variants: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    #: set for a slot that is not built yet: why, and what it waits for
+    todo: ClassVar[str | None] = None
+
+    @abstractmethod
+    def workload(self, datasets: Datasets, profile: Profile) -> Workload:
+        """Build the plans (uploading the datasets it needs on first use)."""
+
+
+class PendingScenario(Scenario):
+    """A TODO slot: listed and reported, never run."""
+
+    def workload(self, datasets: Datasets, profile: Profile) -> Workload:
+        raise NotImplementedError(f"scenario {self.name} is a TODO slot: {self.todo}")
+
+
+# -- plan helpers shared by scenarios ----------------------------------------------------------
+
+
+def chunked(offset: int, length: int, piece: int) -> list[tuple[int, int]]:
+    """(offset, length) pieces of at most `piece` bytes covering [offset, offset+length)."""
+    return [(o, min(piece, offset + length - o)) for o in range(offset, offset + length, piece)]
+
+
+def whole_blob_ceilings(blob: str, etag: str, size: int) -> dict[str, CeilingPlan]:
+    """The ceilings for reading one whole blob: the best request shape for this backend, and
+    (as a diagnostic) the mount's own request shape.
+
+    8 MiB GETs, 8 at once, were the fastest shape measured against Azurite here. Azurite 3.35
+    MD5-hashes (and reads twice) any range of 4 MiB or less even when nobody asked for the hash,
+    so ranges above 4 MiB are several times cheaper for it; see docs/BENCHMARKING.md.
+    """
+
+    def plan(piece: int, concurrency: int, description: str) -> CeilingPlan:
+        gets = tuple(RangeGet(blob, etag, o, n, o) for o, n in chunked(0, size, piece))
+        return CeilingPlan((gets,), concurrency, description)
+
+    return {
+        "ceiling": plan(8 * MiB, 8, "AzureStorageClient, 8 MiB GETs, 8 at once, into memory"),
+        "ceiling-2MiB": plan(
+            DEFAULT_BLOCK_SIZE,
+            8,
+            "diagnostic: AzureStorageClient, 2 MiB GETs (the mount's block size), 8 at once "
+            "(the mount's default READ_THREADS on 2 cores)",
+        ),
+    }
+
+
+def seed_block_settings(**extra: str) -> dict[str, str]:
+    """The seed's settings for one-pass reads: blocks, no disk cache, no RAM cache."""
+    env = {
+        "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true",
+        "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED": "false",
+        "DATASET_MOUNT_MEMORY_CACHE_SIZE": "0",
+    }
+    env.update(extra)
+    return env

@@ -1,0 +1,274 @@
+"""The run's datasets: generated once from `blobmount.testing.pattern`, uploaded once, shared.
+
+A dataset is built the first time a scenario asks for it, so `--scenario small-files` never
+generates the large file. Its bytes stay in memory for the whole run: they are what every read is
+compared with.
+
+Each dataset lives in its own Azurite: Azurite's metadata lookups scan every blob it holds, so its
+CPU per request grows with the blob count (measured here: 1.3 ms per GET with 1,000 blobs, 3.2 ms
+with 10,000, 7.8 ms with 20,000). One store per dataset keeps the large-file scenarios from paying
+for the small files, and a future listing dataset from slowing everything else.
+
+Uploads are plain Put Blob requests (one per blob, even for the 2 GiB file) with a container SAS
+over kept-alive connections. One Put Blob per blob keeps Azurite's descriptor leak harmless (see
+DESIGN.md), and skipping the SDK's request pipeline makes 20,000 small uploads several times
+faster.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from blobmount.testing.pattern import pattern_bytes
+from scenarios.base import Profile
+
+if TYPE_CHECKING:
+    from blobmount.testing.azurite import AzuriteServer
+
+log = logging.getLogger(__name__)
+
+CONTAINER = "bench"
+LARGE_BLOB = "large/large.bin"
+#: folders of this many files, like an image dataset split into shards. The folders sit at the
+#: root of the dataset's own container: Azurite answers a delimiter listing with maxresults=1
+#: (the mount's start-up check) in time that grows with the square of the blobs under the first
+#: folder (12 s for 4,000 under one folder, over 30 s for 10,000), so no folder may hold them all.
+SMALL_FILES_PER_FOLDER = 1_000
+SMALL_MIN_BYTES = 20_000
+SMALL_MAX_BYTES = 30_000  # ~25 KB on average, as in the seed's small-file tests
+UPLOAD_THREADS = 8
+UPLOAD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """Where a dataset lives: its own Azurite, one container."""
+
+    az: AzuriteServer
+    container: str
+
+    @property
+    def uri(self) -> str:
+        """The source URI a mount of the container is given."""
+        return f"{self.az.account_url}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class LargeFile:
+    """One big blob; `data` is its content."""
+
+    store: Store
+    blob: str
+    size: int
+    etag: str
+    data: bytes = field(repr=False)
+
+    def source(self, blob: str) -> bytes:
+        """The content of `blob` (this dataset has one)."""
+        if blob != self.blob:
+            raise KeyError(blob)
+        return self.data
+
+
+@dataclass(frozen=True, slots=True)
+class SmallFiles:
+    """Many small blobs; file i is `stream[offsets[i] : offsets[i] + sizes[i]]`."""
+
+    store: Store
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    etags: tuple[str, ...]
+    stream: bytes = field(repr=False)
+
+    index: dict[str, int] = field(repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.index.update((name, i) for i, name in enumerate(self.names))
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.stream)
+
+    def source(self, blob: str) -> bytes:
+        """The content of small file `blob`."""
+        i = self.index[blob]
+        return self.stream[self.offsets[i] : self.offsets[i] + self.sizes[i]]
+
+
+class _Uploader:
+    """Put Blob over raw HTTP with a container SAS (write/create only), many threads."""
+
+    def __init__(self, az: AzuriteServer, container: str) -> None:
+        from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+        self._host, self._port = "127.0.0.1", az.port
+        self._base = f"/{az.account}/{container}"
+        self._sas = generate_container_sas(
+            az.account,
+            container,
+            account_key=az.account_key,
+            permission=ContainerSasPermissions(write=True, create=True),
+            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=12),
+        )
+
+    def _put(self, conn: http.client.HTTPConnection, name: str, data: bytes) -> str:
+        conn.request(
+            "PUT",
+            f"{self._base}/{quote(name)}?{self._sas}",
+            body=data,
+            headers={"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"},
+        )
+        response = conn.getresponse()
+        response.read()
+        etag = response.getheader("ETag")
+        if response.status != 201 or not etag:
+            raise RuntimeError(f"uploading {name}: HTTP {response.status} {response.reason}")
+        return etag
+
+    def put_one(self, name: str, data: bytes) -> str:
+        """Upload one blob; returns its ETag."""
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=UPLOAD_TIMEOUT_S)
+        try:
+            return self._put(conn, name, data)
+        finally:
+            conn.close()
+
+    def put_many(self, items: list[tuple[str, bytes]], threads: int) -> list[str]:
+        """Upload every (name, data); returns the ETags in the same order."""
+        work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        for i in range(len(items)):
+            work.put(i)
+        etags: list[str] = [""] * len(items)
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=UPLOAD_TIMEOUT_S)
+            try:
+                while not errors and (i := work.get()) is not None:
+                    name, data = items[i]
+                    etags[i] = self._put(conn, name, data)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        pool = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, threads))]
+        for thread in pool:
+            work.put(None)
+            thread.start()
+        for thread in pool:
+            thread.join()
+        if errors:
+            raise RuntimeError(f"upload failed: {errors[0]}") from errors[0]
+        return etags
+
+
+class Datasets:
+    """Builds each dataset on first use, in an Azurite of its own, and keeps it for the run.
+
+    `close()` stops every Azurite it started (also after a failure or an interrupt).
+    """
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._servers: list[AzuriteServer] = []
+        self._large: LargeFile | None = None
+        self._small: SmallFiles | None = None
+        #: how each dataset was made (sizes, seconds), for the report
+        self.built: list[dict[str, Any]] = []
+
+    def _store(self, name: str) -> tuple[Store, _Uploader]:
+        from blobmount.testing.azurite import AzuriteServer
+
+        az = AzuriteServer()
+        self._servers.append(az)  # before start(): close() must stop it whatever happens
+        az.start()
+        log.info("Azurite for the %s dataset: pid %d, port %d", name, az.pid, az.port)
+        az.create_container(CONTAINER)
+        return Store(az, CONTAINER), _Uploader(az, CONTAINER)
+
+    @property
+    def servers(self) -> list[AzuriteServer]:
+        return list(self._servers)
+
+    def close(self) -> None:
+        """Stop every Azurite this run started."""
+        for az in self._servers:
+            az.stop()
+
+    def large(self) -> LargeFile:
+        """The large file (2 GiB full, 512 MiB quick), one Put Blob."""
+        if self._large is None:
+            size = self.profile.large_file_bytes
+            log.info("generating the large file (%d MiB)", size >> 20)
+            started = time.perf_counter()
+            data = pattern_bytes("blobmount-bench-large", 0, size)
+            generated = time.perf_counter()
+            store, uploader = self._store("large")
+            log.info("uploading %s", LARGE_BLOB)
+            started_upload = time.perf_counter()
+            etag = uploader.put_one(LARGE_BLOB, data)
+            uploaded = time.perf_counter()
+            self._large = LargeFile(store, LARGE_BLOB, size, etag, data)
+            self.built.append(
+                {
+                    "dataset": "large",
+                    "blobs": 1,
+                    "bytes": size,
+                    "generate_s": round(generated - started, 2),
+                    "upload_s": round(uploaded - started_upload, 2),
+                }
+            )
+        return self._large
+
+    def small(self) -> SmallFiles:
+        """The small files (~25 KB each; 10,000 full, 4,000 quick) in folders of 1,000 at the
+        root of their container."""
+        if self._small is None:
+            count = self.profile.small_file_count
+            rng = random.Random(f"blobmount-bench-small-sizes-{count}")
+            sizes = [rng.randint(SMALL_MIN_BYTES, SMALL_MAX_BYTES) for _ in range(count)]
+            offsets, total = [], 0
+            for size in sizes:
+                offsets.append(total)
+                total += size
+            names = [f"d{i // SMALL_FILES_PER_FOLDER:03d}/f{i:06d}.bin" for i in range(count)]
+            log.info("generating %d small files (%d MB)", count, total // 1_000_000)
+            started = time.perf_counter()
+            stream = pattern_bytes("blobmount-bench-small", 0, total)
+            view = memoryview(stream)
+            items = [
+                (name, bytes(view[off : off + size]))
+                for name, off, size in zip(names, offsets, sizes, strict=True)
+            ]
+            generated = time.perf_counter()
+            store, uploader = self._store("small")
+            log.info("uploading %d small files", count)
+            started_upload = time.perf_counter()
+            etags = uploader.put_many(items, UPLOAD_THREADS)
+            uploaded = time.perf_counter()
+            del items
+            log.info("uploaded in %.1f s", uploaded - started_upload)
+            self._small = SmallFiles(
+                store, tuple(names), tuple(sizes), tuple(offsets), tuple(etags), stream
+            )
+            self.built.append(
+                {
+                    "dataset": "small",
+                    "blobs": count,
+                    "bytes": total,
+                    "generate_s": round(generated - started, 2),
+                    "upload_s": round(uploaded - started_upload, 2),
+                }
+            )
+        return self._small

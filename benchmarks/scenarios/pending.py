@@ -1,0 +1,47 @@
+"""TODO slots of issue #9: scenarios that wait for features being built now.
+
+Each is listed by `run.py --list` and reported as TODO; none runs. Replace a slot with a real
+`Scenario` in its own module when its feature lands (and delete it here).
+"""
+
+from __future__ import annotations
+
+from scenarios import register
+from scenarios.base import PendingScenario
+
+
+class MultiEpoch(PendingScenario):
+    name = "multi-epoch"
+    number = 4
+    title = "Many small files read over several epochs (25% random sample per epoch)"
+    mount_env = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true"}
+    settings_note = "seed: block cache on, other settings default (disk cache on)"
+    todo = (
+        "needs the disk tier (blocks/disk_tier.py, being built): later epochs are served from "
+        "the disk cache; report first epoch, last epoch and total, as the seed's table does"
+    )
+
+
+class Listing(PendingScenario):
+    name = "listing"
+    number = 6
+    title = "Listing a huge flat folder: os.scandir vs os.listdir (first entry, 50k, all)"
+    todo = (
+        "needs a listing dataset (100k+ names, cheap to upload) and the lazy-listing work; "
+        "ceiling = list_page loop with the same client"
+    )
+
+
+class Download(PendingScenario):
+    name = "download"
+    number = 7
+    title = "Download mode: the whole dataset copied to local disk"
+    todo = (
+        "needs `blobmount download` (download/, being built); ceiling = parallel ranged GETs "
+        "into memory, system = the download command into a fresh folder"
+    )
+
+
+register(MultiEpoch())
+register(Listing())
+register(Download())

@@ -1,0 +1,365 @@
+"""The run's report: machine description, datasets, and one row per scenario and system.
+
+Written as markdown (also printed) and as JSON with every raw number. Ratios are to the
+scenario's "ceiling" system: ceiling time / system time, so 1.00 means "as fast as fetching the
+same bytes directly with the same client", and 0.50 means half as fast.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from scenarios.base import GiB, Scenario
+from scenarios.systems import SystemResult
+
+log = logging.getLogger(__name__)
+
+MB = 1_000_000
+
+
+@dataclass
+class ScenarioReport:
+    scenario: Scenario
+    systems: list[SystemResult] = field(default_factory=list)
+    error: str | None = None
+
+    def ceiling_seconds(self) -> float | None:
+        for result in self.systems:
+            if result.system == "ceiling" and result.verified:
+                return result.seconds
+        return None
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.scenario
+        return {
+            "number": s.number,
+            "name": s.name,
+            "title": s.title,
+            "settings": dict(s.mount_env),
+            "settings_note": s.settings_note,
+            "todo": s.todo,
+            "error": self.error,
+            "systems": [r.as_json() for r in self.systems],
+        }
+
+
+@dataclass
+class RunReport:
+    profile: str
+    started: str
+    machine: dict[str, Any]
+    args: list[str]
+    finished: str | None = None
+    datasets: list[dict[str, Any]] = field(default_factory=list)
+    scenarios: list[ScenarioReport] = field(default_factory=list)
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "started": self.started,
+            "finished": self.finished,
+            "interrupted": self.interrupted,
+            "args": self.args,
+            "machine": self.machine,
+            "datasets": self.datasets,
+            "scenarios": [s.as_json() for s in self.scenarios],
+            "notes": self.notes,
+        }
+
+    def write(self, out_dir: Path, stamp: str) -> tuple[Path, Path]:
+        """Write <stamp>-<profile>.md/.json and latest.md/.json; returns the two stamped paths."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        md_path = out_dir / f"{stamp}-{self.profile}.md"
+        json_path = out_dir / f"{stamp}-{self.profile}.json"
+        markdown = to_markdown(self)
+        data = json.dumps(self.as_json(), indent=2, default=str) + "\n"
+        for path, text in (
+            (md_path, markdown),
+            (json_path, data),
+            (out_dir / "latest.md", markdown),
+            (out_dir / "latest.json", data),
+        ):
+            path.write_text(text)
+        return md_path, json_path
+
+    def contention(self) -> float:
+        """The most cores anything outside the benchmark used, on average, during any run."""
+        worst = 0.0
+        for sr in self.scenarios:
+            for result in sr.systems:
+                for run in result.runs:
+                    if run.others_cpu_s is not None and run.seconds > 0:
+                        worst = max(worst, run.others_cpu_s / run.seconds)
+        return worst
+
+
+#: above this many cores used by others during a run, the report warns that figures are noisy
+BUSY_OTHERS_CORES = 0.3
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _os_name() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+def _azurite_version(executable: str) -> str | None:
+    """From Azurite's package.json (its main.js sits under dist/src/blob/)."""
+    for folder in Path(executable).resolve().parents:
+        package = folder / "package.json"
+        if package.exists():
+            try:
+                meta = json.loads(package.read_text())
+            except (OSError, ValueError):
+                return None
+            if meta.get("name") == "azurite":
+                return str(meta.get("version"))
+    return _run([executable, "--version"])
+
+
+def _package(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe_machine(repo: Path) -> dict[str, Any]:
+    """CPU, cores, RAM, kernel, OS, Python, Azurite, Node, package versions, git commit."""
+    from blobmount import __version__
+    from blobmount.testing.azurite import find_azurite
+
+    try:
+        azurite_exe: str | None = find_azurite()
+    except FileNotFoundError:
+        azurite_exe = None
+    commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo)
+    # read-only: `git diff --quiet` exits 1 when the work tree differs from HEAD
+    dirty = None
+    if commit is not None:
+        try:
+            dirty = (
+                subprocess.run(
+                    ["git", "diff", "--quiet", "HEAD", "--", "src"],
+                    cwd=repo,
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                ).returncode
+                == 1
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            dirty = None
+    return {
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "ram_bytes": psutil.virtual_memory().total,
+        "kernel": platform.release(),
+        "os": _os_name(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "azurite": _azurite_version(azurite_exe) if azurite_exe else None,
+        "node": _run(["node", "--version"]),
+        "fuse": _run(["fusermount3", "--version"]) or _run(["fusermount3", "-V"]),
+        "blobmount": __version__,
+        "git_commit": commit,
+        "src_differs_from_commit": dirty,
+        "packages": {
+            name: _package(name)
+            for name in ("azure-storage-blob", "azure-core", "aiohttp", "pyfuse3", "trio")
+        },
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def machine_line(m: dict[str, Any]) -> list[str]:
+    git = m.get("git_commit") or "unknown"
+    if m.get("src_differs_from_commit"):
+        git += " (src/ has uncommitted changes)"
+    load = ", ".join(f"{x:.2f}" for x in m.get("load_average_at_start", ()))
+    return [
+        f"- CPU: {m['cpu_model']}, {m['logical_cpus']} logical CPUs "
+        f"({m['physical_cores']} cores), RAM {m['ram_bytes'] / GiB:.1f} GiB",
+        f"- OS: {m['os']}, kernel {m['kernel']}, {m['fuse'] or 'fusermount3 ?'}",
+        f"- Python {m['python']}; Azurite {m['azurite']} on Node {m['node']}",
+        f"- blobmount {m['blobmount']} at {git}; "
+        + ", ".join(f"{k} {v}" for k, v in m["packages"].items()),
+        f"- load average when the run started: {load}",
+    ]
+
+
+# -- results table -----------------------------------------------------------------------------
+
+
+def _throughput(result: SystemResult, seconds: float) -> str:
+    mbps = result.requested_bytes / MB / seconds
+    if result.files > 1:
+        return f"{result.files / seconds:,.0f} files/s ({mbps:,.1f} MB/s)"
+    return f"{mbps:,.0f} MB/s"
+
+
+def _requests(storage: dict[str, int]) -> str:
+    if "range_requests" not in storage:
+        return "-"
+    text = f"{storage['range_requests']:,} GET"
+    extra = [
+        f"{storage[key]:,} {label}"
+        for key, label in (("properties_requests", "HEAD"), ("list_requests", "list"))
+        if storage.get(key)
+    ]
+    return text + (f" + {' + '.join(extra)}" if extra else "")
+
+
+def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | None) -> str:
+    run = result.median
+    if result.error and run is None:
+        first = result.error.strip().splitlines()[0][:160]
+        return f"| {number} | {scenario} | {result.system} | error: {first} |" + " |" * 9
+    assert run is not None
+    seconds = run.seconds
+    gib = result.requested_bytes / GiB
+    if result.system == "ceiling":
+        ratio = "1.00 (ref)"
+    elif ceiling_s:
+        ratio = f"{ceiling_s / seconds:.2f}"
+    else:
+        ratio = "-"
+    cpu = f"{run.client_cpu_s / gib:.2f}" if run.client_cpu_s is not None else "-"
+    rss = f"{run.peak_rss_bytes / 2**20:,.0f} MiB" if run.peak_rss_bytes else "-"
+    fetched = run.storage.get("range_bytes")
+    amplification = f"{fetched / result.requested_bytes:.2f}" if fetched is not None else "-"
+    az = f"{run.azurite_cpu_s / seconds:.2f}" if run.azurite_cpu_s is not None else "-"
+    others = f"{run.others_cpu_s / seconds:.2f}" if run.others_cpu_s is not None else "-"
+    if result.error:
+        ok = "error"
+    elif result.verified:
+        ok = "yes"
+    else:
+        bad = [r.mismatch_at for r in result.runs if not r.verified]
+        ok = f"**NO** (first bad byte {bad[0]})"
+    runs = f" (median of {len(result.runs)})" if len(result.runs) > 1 else ""
+    return (
+        f"| {number} | {scenario} | {result.system} | {seconds:.2f}{runs} | "
+        f"{_throughput(result, seconds)} | {ratio} | {cpu} | {rss} | {amplification} | "
+        f"{_requests(run.storage)} | {az} | {others} | {ok} |"
+    )
+
+
+HEADER = (
+    "| # | scenario | system | time (s) | throughput | vs ceiling | client CPU s/GiB | "
+    "peak RSS | fetched / requested | storage requests | Azurite CPU | other CPU | verified |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"
+)
+
+LEGEND = """\
+How to read this (docs/BENCHMARKING.md has the details):
+
+- **vs ceiling** = ceiling time / system time: 1.00 is as fast as the same bytes fetched directly
+  with the same `AzureStorageClient` at high concurrency into memory; 0.50 is half as fast.
+  `ceiling-2MiB` is a diagnostic: the ceiling done with the mount's own request shape;
+  `blobmount-8MiB` is a diagnostic: the mount with 8 MiB blocks (same read-ahead bytes).
+- **client CPU s/GiB**: CPU seconds of the process that moved the data per GiB read (the blobmount
+  daemon; for ceilings, the harness process running the client).
+- **peak RSS**: the daemon's VmHWM (a fresh daemon per run).
+- **fetched / requested**: bytes GET from storage (`blobmount stats --json`: storage.range_bytes)
+  over bytes the readers asked for; above 1 is read-ahead or block rounding that was not used.
+- **Azurite CPU / other CPU**: average cores used during the timed part by Azurite, and by
+  everything else on the machine (other users, kernel threads). The machine has 2 cores in all:
+  Azurite near 1.0 means the emulator was the bottleneck; high "other" means the figure is noisy.
+- MB = 10^6 bytes."""
+
+
+def to_markdown(report: RunReport) -> str:
+    lines = [
+        f"# blobmount benchmark: {report.profile} run",
+        "",
+        f"Started {report.started}, finished {report.finished or '(not finished)'}"
+        + (" - **interrupted**" if report.interrupted else "")
+        + f". Command: `{' '.join(report.args)}`",
+        "",
+        "## Machine",
+        "",
+        *machine_line(report.machine),
+        "",
+    ]
+    if report.datasets:
+        lines += ["## Datasets (generated and uploaded once per run)", ""]
+        for d in report.datasets:
+            lines.append(
+                f"- {d['dataset']}: {d['blobs']:,} blob(s), {d['bytes'] / MB:,.0f} MB; "
+                f"generated in {d['generate_s']} s, uploaded in {d['upload_s']} s "
+                "(one Put Blob each)"
+            )
+        lines.append("")
+    lines += ["## Results", "", HEADER]
+    for sr in report.scenarios:
+        s = sr.scenario
+        if s.todo:
+            lines.append(f"| {s.number} | {s.name} | - | TODO: {s.todo} |" + " |" * 9)
+            continue
+        if sr.error and not sr.systems:
+            lines.append(f"| {s.number} | {s.name} | - | error: {sr.error[:160]} |" + " |" * 9)
+            continue
+        ceiling_s = sr.ceiling_seconds()
+        lines.extend(_row(s.number, s.name, r, ceiling_s) for r in sr.systems)
+    lines += ["", LEGEND, "", "## Scenarios and systems", ""]
+    for sr in report.scenarios:
+        s = sr.scenario
+        lines.append(f"**{s.number}. {s.name}**: {s.title}.")
+        if s.todo:
+            lines += [f"TODO: {s.todo}.", ""]
+            continue
+        settings = " ".join(f"{k}={v}" for k, v in s.mount_env.items()) or "(defaults)"
+        lines.append(f"Mount settings: `{settings}` ({s.settings_note}).")
+        lines.extend(
+            f"- {r.system}: {r.description}"
+            + (f"; caches {r.cache_drop}" if r.settings else "")
+            + (f"; mounted in {r.median.mount_s:.2f} s" if r.median and r.median.mount_s else "")
+            for r in sr.systems
+        )
+        for r in sr.systems:
+            if r.error:
+                lines += [f"- **{r.system} failed**:", "", "```", r.error.strip()[:3000], "```"]
+        lines.append("")
+    if report.notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in report.notes), ""]
+    return "\n".join(lines)

@@ -1,0 +1,775 @@
+"""The systems a scenario is run on, and how each run is measured and verified.
+
+- `CeilingSystem`: the scenario's `CeilingPlan` done directly with `AzureStorageClient` (the
+  client the mount uses) on trio, into memory, no FUSE. "ceiling" is the reference; other
+  ceiling plans are diagnostics.
+- `BlobmountSystem`: a fresh `blobmount mount --foreground` daemon with the scenario's
+  DATASET_MOUNT_* settings and a fresh cache dir, read by reader threads in this process.
+  Later systems (rclone, other mount modes) subclass `MountSystem`.
+
+Before every run the kernel's caches are dropped (when permitted) and every mount is new, so no
+run is served from an earlier one's pages or cache files.
+
+Verification: mount readers read straight into one pre-faulted result buffer (`os.preadv`, no
+copy a normal reader would not do); the ceiling keeps the bytes objects the client returned. Only
+after the clock stops is every read compared with the generated source (memcmp of `bytes`, in
+runs of up to 64 MiB), so checking costs the timed part nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from scenarios.base import CeilingPlan, MountPlan, Profile, RangeGet, Scenario, Workload
+
+if TYPE_CHECKING:
+    from blobmount.testing.azurite import AzuriteServer
+    from scenarios.datasets import Datasets, Store
+
+log = logging.getLogger(__name__)
+
+MOUNT_READY_TIMEOUT_S = 60.0
+UNMOUNT_WAIT_S = 30.0
+#: the settings and credentials a mount must not inherit from the caller's environment
+_FOREIGN_ENV = ("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")
+
+
+# -- the run's shared state --------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """What every system needs: the datasets, where to put files, options."""
+
+    datasets: Datasets
+    profile: Profile
+    out_dir: Path
+    repeat: int = 1
+    py_spy: bool = False
+    #: a fixed limit per run instead of `timeout_for(workload, bench)`
+    run_timeout_s: float | None = None
+    #: "dropped", or why the kernel caches could not be dropped (filled in by the first run)
+    cache_drop: str = ""
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def drop_kernel_caches() -> str:
+    """sync + `echo 3 > /proc/sys/vm/drop_caches`; says what happened."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        return f"not permitted ({exc.strerror or exc})"
+    return "dropped"
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy since boot (all cores, kernel included)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    # cpu user nice system idle iowait irq softirq steal ...
+    ticks = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class ResourceMeter:
+    """CPU seconds of named processes over an interval, and of everything else on the machine."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._start: dict[str, float] = {}
+        self._busy0 = 0.0
+        self._t0 = 0.0
+        #: what the last stop() measured
+        self.usage: dict[str, float] = {}
+
+    def _cpu(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self._procs.items():
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[name] = times.user + times.system
+        return out
+
+    def start(self) -> None:
+        self._start = self._cpu()
+        self._busy0 = _busy_cpu_s()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        """{name: CPU seconds, "others": the rest of the machine, "wall_s": elapsed}."""
+        wall = time.perf_counter() - self._t0
+        busy = _busy_cpu_s() - self._busy0
+        end = self._cpu()
+        out = {name: end[name] - self._start[name] for name in end if name in self._start}
+        out["others"] = max(0.0, busy - sum(out.values()))
+        out["wall_s"] = wall
+        self.usage = out
+        return out
+
+
+def _proc_status_kib(pid: int, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PySpy:
+    """`py-spy record` of one process, stopped by SIGINT to its PID.
+
+    Samples only threads holding the GIL (`--gil`): where the daemon's Python CPU goes, without
+    the idle waits that would otherwise fill the profile. Writes collapsed stacks ("raw" format:
+    one `thread;frame;frame;... count` line per stack), which grep reads and speedscope.app or
+    flamegraph.pl render.
+    """
+
+    def __init__(self, pid: int, out_file: Path) -> None:
+        exe = Path(sys.executable).with_name("py-spy")
+        found = str(exe) if exe.exists() else shutil.which("py-spy")
+        if found is None:
+            raise FileNotFoundError("py-spy not found next to the interpreter or on PATH")
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        self.out_file = out_file
+        self._proc = subprocess.Popen(
+            [
+                found,
+                "record",
+                "-p",
+                str(pid),
+                "-o",
+                str(out_file),
+                "-f",
+                "raw",
+                "-r",
+                "100",
+                "--threads",
+                "--gil",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        time.sleep(0.5)  # let it attach before the clock starts
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGINT)
+        try:
+            self._proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+
+# -- the result buffer and verification --------------------------------------------------------
+
+
+def new_buffer(size: int) -> bytearray:
+    """A zeroed result buffer with every page already faulted in (outside the timed part: on
+    this VM first-touch page faults cost about 1 s per GiB). Zeroed, so a read that never
+    happened cannot pass verification."""
+    return bytearray(1) * size
+
+
+#: contiguous reads are compared in runs of up to this many bytes
+_VERIFY_RUN = 64 * 1024 * 1024
+
+
+def _same(got: memoryview | bytes, source: bytes, offset: int) -> bool:
+    # bytes == bytes is one memcmp; memoryview == memoryview compares item by item (~100x slower)
+    want = source[offset : offset + len(got)]
+    return (got if isinstance(got, bytes) else bytes(got)) == want
+
+
+def verify_mount_reads(
+    plan: MountPlan, buf: bytearray, source: Callable[[str], bytes]
+) -> str | None:
+    """None if every read of the plan put the right bytes at its dest, else where it did not."""
+    view = memoryview(buf)
+    for job in plan.jobs:
+        content = source(job.blob)
+        run_off = run_dest = run_len = 0
+        for r in (*job.reads, None):
+            # merge reads that are contiguous both in the file and in the buffer
+            if (
+                r is not None
+                and run_len
+                and r.offset == run_off + run_len
+                and r.dest == run_dest + run_len
+                and run_len < _VERIFY_RUN
+            ):
+                run_len += r.length
+                continue
+            if run_len and not _same(view[run_dest : run_dest + run_len], content, run_off):
+                return f"{job.blob}, somewhere in bytes {run_off}-{run_off + run_len - 1}"
+            if r is not None:
+                run_off, run_dest, run_len = r.offset, r.dest, r.length
+    return None
+
+
+def verify_gets(pieces: list[tuple[RangeGet, bytes]], source: Callable[[str], bytes]) -> str | None:
+    """None if every GET returned exactly the bytes of its range, else the first that did not."""
+    for get, data in pieces:
+        if len(data) != get.length or not _same(data, source(get.blob), get.offset):
+            return f"{get.blob}, GET of bytes {get.offset}-{get.offset + get.length - 1}"
+    return None
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RunMetrics:
+    """One timed run of one system."""
+
+    seconds: float
+    verified: bool
+    #: CPU seconds of the process that moved the data: the daemon, or (ceiling) this process
+    client_cpu_s: float | None = None
+    harness_cpu_s: float | None = None
+    azurite_cpu_s: float | None = None
+    others_cpu_s: float | None = None
+    peak_rss_bytes: int | None = None
+    rss_after_mount_bytes: int | None = None
+    mount_s: float | None = None
+    #: storage requests during the timed part (from `blobmount stats --json`, or counted)
+    storage: dict[str, int] = field(default_factory=dict)
+    stats_after: dict[str, Any] | None = None
+    profile_file: str | None = None
+    #: where the first wrong byte was (blob and range), for a run that failed verification
+    mismatch_at: str | None = None
+
+
+@dataclass
+class SystemResult:
+    """A system in a scenario: its runs (or the error that stopped it)."""
+
+    scenario: str
+    system: str
+    kind: str  # "ceiling", "diagnostic" or "mount"
+    description: str
+    requested_bytes: int
+    files: int
+    settings: dict[str, str] = field(default_factory=dict)
+    runs: list[RunMetrics] = field(default_factory=list)
+    error: str | None = None
+    cache_drop: str = ""
+
+    @property
+    def median(self) -> RunMetrics | None:
+        """The run with the median time (the slower middle one for an even count)."""
+        if not self.runs:
+            return None
+        ordered = sorted(self.runs, key=lambda r: r.seconds)
+        return ordered[len(ordered) // 2]
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median(r.seconds for r in self.runs) if self.runs else None
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.runs) and all(r.verified for r in self.runs)
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["seconds_median"] = self.seconds
+        out["verified"] = self.verified
+        return out
+
+
+# -- systems -----------------------------------------------------------------------------------
+
+
+class System(ABC):
+    """Something a scenario's workload can be run on."""
+
+    name: str
+    kind: str
+    description: str
+
+    def applies_to(self, workload: Workload) -> bool:
+        return True
+
+    @abstractmethod
+    def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
+        """One timed, verified run."""
+
+    def settings(self, scenario: Scenario) -> dict[str, str]:
+        return {}
+
+    def describe(self, workload: Workload) -> str:
+        return self.description
+
+
+def timeout_for(workload: Workload, bench: Bench) -> float:
+    """A generous bound on one run: a stalled mount must not stall the whole benchmark."""
+    if bench.run_timeout_s is not None:
+        return bench.run_timeout_s
+    return max(120.0, workload.requested_bytes / 10e6 + workload.files / 25)
+
+
+class CeilingSystem(System):
+    """A ceiling plan done directly with AzureStorageClient, as fast as the backend allows."""
+
+    kind = "ceiling"
+
+    def __init__(self, plan_name: str) -> None:
+        self.name = plan_name
+        self.kind = "ceiling" if plan_name == "ceiling" else "diagnostic"
+        self.description = ""
+
+    def applies_to(self, workload: Workload) -> bool:
+        return self.name in workload.ceilings
+
+    def describe(self, workload: Workload) -> str:
+        return workload.ceilings[self.name].description
+
+    def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
+        plan = workload.ceilings[self.name]
+        store = workload.store
+        meter = ResourceMeter({"harness": os.getpid(), "azurite": store.az.pid})
+        seconds, pieces = run_ceiling_plan(
+            store.az, store.container, plan, meter, timeout_for(workload, bench)
+        )
+        usage = meter.usage
+        mismatch = verify_gets(pieces, workload.source)
+        del pieces
+        gets = sum(len(step) for step in plan.steps)
+        return RunMetrics(
+            seconds=seconds,
+            verified=mismatch is None,
+            client_cpu_s=usage.get("harness"),
+            harness_cpu_s=usage.get("harness"),
+            azurite_cpu_s=usage.get("azurite"),
+            others_cpu_s=usage.get("others"),
+            storage={"range_requests": gets, "range_bytes": workload.requested_bytes},
+            mismatch_at=mismatch,
+        )
+
+
+def run_ceiling_plan(
+    az: AzuriteServer,
+    container: str,
+    plan: CeilingPlan,
+    meter: ResourceMeter,
+    timeout_s: float,
+) -> tuple[float, list[tuple[RangeGet, bytes]]]:
+    """Run `plan` on trio; returns (seconds, [(GET, bytes it returned)]).
+
+    The client is created and one request made before the clock starts, as the mount does
+    before it is ready (the SDK client and one connection exist; the rest open during the run).
+    """
+    import trio
+
+    from blobmount.storage.azure import AzureStorageClient
+
+    got: list[tuple[RangeGet, bytes]] = []
+
+    async def drain(client: AzureStorageClient, gets: Iterator[RangeGet]) -> None:
+        # workers share the iterator: each takes the next GET when its last one is done
+        got.extend([(g, await client.get_range(g.blob, g.etag, g.offset, g.length)) for g in gets])
+
+    async def main() -> float:
+        # max_connections as the daemon sets it: max(64, 2 * READ_THREADS)
+        client = AzureStorageClient(az.account_url, container, az.credential(), max_connections=64)
+        try:
+            await client.get_properties(plan.steps[0][0].blob)
+            meter.start()
+            started = time.perf_counter()
+            with trio.fail_after(timeout_s):
+                for step in plan.steps:
+                    gets = iter(step)
+                    if len(step) == 1:
+                        await drain(client, gets)
+                        continue
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(min(plan.concurrency, len(step))):
+                            nursery.start_soon(drain, client, gets)
+            elapsed = time.perf_counter() - started
+            meter.stop()
+            return elapsed
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+    seconds = trio.run(main)
+    return seconds, got
+
+
+# -- mounts ------------------------------------------------------------------------------------
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.abspath(path)
+    try:
+        with open("/proc/mounts") as mounts:
+            return any(line.split()[1].replace("\\040", " ") == target for line in mounts)
+    except OSError:
+        return False
+
+
+def fusermount_unmount(path: Path) -> bool:
+    """`fusermount3 -u`, then `-u -z` (lazy) if that fails; True once it is not mounted."""
+    for args in (["-u"], ["-u", "-z"]):
+        if not is_mounted(path):
+            return True
+        subprocess.run(["fusermount3", *args, str(path)], capture_output=True, check=False)
+    return not is_mounted(path)
+
+
+class MountedDaemon:
+    """A FUSE daemon in a subprocess (own session: a terminal's ^C reaches only the harness)
+    on a fresh mount point, cache dir and runtime dir. Always unmounted and stopped on exit."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], work: Path) -> None:
+        self.cmd = cmd
+        self.env = env
+        self.work = work
+        self.mountpoint = work / "mnt"
+        self.log_file = work / "daemon.log"
+        #: where the daemon's log is kept after the work dir is removed
+        self.log_copy: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.mount_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("daemon not started")
+        return self.proc.pid
+
+    def log_tail(self, limit: int = 3000) -> str:
+        """The end of the daemon's log, or of its stderr when the log is empty."""
+        for path in (self.log_file, self.work / "daemon.stderr"):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            if text.strip():
+                return text[-limit:]
+        return "(no log)"
+
+    def start(self) -> MountedDaemon:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        # the daemon logs to log_file itself (and to stderr in the foreground): keep its
+        # stdout/stderr apart, for what happens before logging starts
+        with open(self.work / "daemon.stderr", "ab") as out:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + MOUNT_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the daemon exited with status {self.proc.returncode} before the mount "
+                    f"was ready:\n{self.log_tail()}"
+                )
+            if is_mounted(self.mountpoint):
+                try:
+                    os.listdir(self.mountpoint)
+                except OSError:
+                    pass
+                else:
+                    self.mount_s = time.perf_counter() - started
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"mount not ready after {MOUNT_READY_TIMEOUT_S:.0f}s:\n{self.log_tail()}"
+        )
+
+    def abort(self) -> None:
+        """Kill the daemon now, then lazy-unmount (a stalled or interrupted run).
+
+        The kill comes first: while a reader holds a file of a daemon that does not answer,
+        starting any subprocess (fusermount3 included) hangs, because the child's exec closes
+        the inherited FUSE descriptors and each close waits for the daemon's FLUSH reply. A dead
+        daemon aborts the FUSE connection, so every waiting request fails at once.
+        """
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        subprocess.run(
+            ["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False
+        )
+
+    def stop(self) -> None:
+        """fusermount3 -u, then -u -z; wait for the daemon; SIGTERM, then SIGKILL, by PID."""
+        unmounted = fusermount_unmount(self.mountpoint)
+        proc = self.proc
+        if proc is not None:
+            try:
+                proc.wait(UNMOUNT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        if self.log_copy is not None:
+            with contextlib.suppress(OSError):
+                self.log_copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.log_file, self.log_copy)
+        if unmounted or fusermount_unmount(self.mountpoint):
+            shutil.rmtree(self.work, ignore_errors=True)
+        else:
+            log.error("%s is still mounted; left %s in place", self.mountpoint, self.work)
+
+    def __enter__(self) -> MountedDaemon:
+        try:
+            return self.start()
+        except BaseException:
+            self.abort()
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self.abort()
+        self.stop()
+
+
+def read_through_mount(root: Path, plan: MountPlan, buf: bytearray, timeout_s: float) -> None:
+    """Run the plan's jobs on `plan.threads` threads; every read goes into `buf` at its dest.
+
+    Raises the first reader error, or TimeoutError (the caller then aborts the mount, which
+    unblocks the readers).
+    """
+    view = memoryview(buf)
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for job in plan.jobs:
+        jobs.put(job)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    base = str(root)
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    job = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                fd = os.open(f"{base}/{job.blob}", os.O_RDONLY)
+                try:
+                    for r in job.reads:
+                        done = 0
+                        while done < r.length:
+                            n = os.preadv(
+                                fd, [view[r.dest + done : r.dest + r.length]], r.offset + done
+                            )
+                            if n <= 0:
+                                raise OSError(f"{job.blob}: read ended at {r.offset + done}")
+                            done += n
+                finally:
+                    os.close(fd)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=reader, name=f"reader-{i}", daemon=True)
+        for i in range(plan.threads)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            stop.set()
+            raise TimeoutError(f"readers still busy after {timeout_s:.0f}s")
+    if errors:
+        raise errors[0]
+
+
+class MountSystem(System):
+    """A FUSE mount read by reader threads. Subclasses say how to start the daemon."""
+
+    kind = "mount"
+
+    @abstractmethod
+    def daemon(self, store: Store, scenario: Scenario, work: Path) -> MountedDaemon:
+        """A not yet started daemon that mounts the store's container at work/"mnt"."""
+
+    def stats(self, daemon: MountedDaemon) -> dict[str, Any] | None:
+        """The daemon's counters, or None if it has none."""
+        return None
+
+    def describe(self, workload: Workload) -> str:
+        return f"{self.description}; {workload.mount.description}"
+
+    def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
+        buf = new_buffer(workload.requested_bytes)
+        work = Path(tempfile.mkdtemp(prefix="bmbench-"))
+        run_no = len(list(bench.out_dir.glob(f"logs/{scenario.name}-{self.name}-*.log")))
+        daemon = self.daemon(workload.store, scenario, work)
+        daemon.log_copy = bench.out_dir / "logs" / f"{scenario.name}-{self.name}-{run_no}.log"
+        spy: PySpy | None = None
+        with daemon:
+            before = self.stats(daemon)
+            rss_mounted = _proc_status_kib(daemon.pid, "VmRSS")
+            meter = ResourceMeter(
+                {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid}
+            )
+            if bench.py_spy:
+                flame = bench.out_dir / "profiles" / f"{scenario.name}-{self.name}-{run_no}.txt"
+                spy = PySpy(daemon.pid, flame)
+            try:
+                meter.start()
+                started = time.perf_counter()
+                try:
+                    read_through_mount(
+                        daemon.mountpoint, workload.mount, buf, timeout_for(workload, bench)
+                    )
+                except Exception as exc:
+                    raise RuntimeError(f"{exc}\n--- daemon log ---\n{daemon.log_tail()}") from exc
+                seconds = time.perf_counter() - started
+                usage = meter.stop()
+            finally:
+                if spy is not None:
+                    spy.stop()
+            after = self.stats(daemon)
+            hwm = _proc_status_kib(daemon.pid, "VmHWM")
+        mismatch = verify_mount_reads(workload.mount, buf, workload.source)
+        del buf
+        return RunMetrics(
+            seconds=seconds,
+            verified=mismatch is None,
+            client_cpu_s=usage.get("daemon"),
+            harness_cpu_s=usage.get("harness"),
+            azurite_cpu_s=usage.get("azurite"),
+            others_cpu_s=usage.get("others"),
+            peak_rss_bytes=None if hwm is None else hwm * 1024,
+            rss_after_mount_bytes=None if rss_mounted is None else rss_mounted * 1024,
+            mount_s=daemon.mount_s,
+            storage=_storage_delta(before, after),
+            stats_after=after,
+            profile_file=None if spy is None else str(spy.out_file),
+            mismatch_at=mismatch,
+        )
+
+
+def _storage_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, int]:
+    if not before or not after:
+        return {}
+    b, a = before.get("storage", {}), after.get("storage", {})
+    return {
+        key: a[key] - b.get(key, 0)
+        for key in ("range_requests", "range_bytes", "properties_requests", "list_requests")
+        if isinstance(a.get(key), int)
+    }
+
+
+class BlobmountSystem(MountSystem):
+    """`blobmount mount --foreground`, fresh, with the scenario's seed-recommended settings
+    (and, for a diagnostic variant, `extra_env` on top)."""
+
+    def __init__(self, name: str = "blobmount", extra_env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.extra_env = dict(extra_env or {})
+        self.kind = "diagnostic" if extra_env else "mount"
+        self.description = "blobmount mount (block mode), fresh daemon and cache dir"
+        if extra_env:
+            changed = " ".join(f"{k}={v}" for k, v in self.extra_env.items())
+            self.description = f"diagnostic: {self.description}, with {changed}"
+
+    def settings(self, scenario: Scenario) -> dict[str, str]:
+        return {**scenario.mount_env, **self.extra_env}
+
+    def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+        env.update(self.settings(scenario))
+        env["AZURE_STORAGE_CONNECTION_STRING"] = store.az.connection_string
+        env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
+        # a private runtime dir: the stats socket and mount record of this daemon only
+        env["XDG_RUNTIME_DIR"] = str(work / "run")
+        env["XDG_STATE_HOME"] = str(work / "state")
+        return env
+
+    def daemon(self, store: Store, scenario: Scenario, work: Path) -> MountedDaemon:
+        uri = store.uri
+        cmd = [
+            sys.executable,
+            "-m",
+            "blobmount",
+            "mount",
+            "--foreground",
+            "--log-file",
+            str(work / "daemon.log"),
+            uri,
+            str(work / "mnt"),
+        ]
+        return MountedDaemon(cmd, self._env(store, scenario, work), work)
+
+    def stats(self, daemon: MountedDaemon) -> dict[str, Any] | None:
+        done = subprocess.run(
+            [sys.executable, "-m", "blobmount", "stats", str(daemon.mountpoint), "--json"],
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode != 0:
+            log.warning("blobmount stats failed: %s", done.stderr.strip())
+            return None
+        stats: dict[str, Any] = json.loads(done.stdout)
+        return stats
+
+
+def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
+    """Ceilings first (reference, then diagnostics), then the mount, then its variants."""
+    return [
+        *(CeilingSystem(name) for name in workload.ceilings),
+        BlobmountSystem(),
+        *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
+    ]

@@ -1,0 +1,327 @@
+"""Prometheus metrics for a live mount, on an optional HTTP endpoint (DATASET_MOUNT_METRICS_ADDR).
+
+There is no second set of counters: a custom Collector turns the same snapshot that
+`blobmount stats` serves into metric families at each scrape, so the two always agree.
+prometheus_client serves HTTP from its own thread; the snapshot is taken on the trio thread
+(through a trio token), because the components' `statistics()` read state that only the trio
+thread may touch while it changes. docs/OPERATIONS.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from blobmount.errors import ConfigError
+from blobmount.settings import split_host_port
+from blobmount.stats import Snapshot
+
+log = logging.getLogger(__name__)
+
+PREFIX = "blobmount"
+
+
+# (type, name after "blobmount_", help, path into the snapshot). A figure the snapshot lacks is
+# left out, which is how the optional disk tier ("disk" is None when it is off) disappears.
+SIMPLE: tuple[tuple[str, str, str, str], ...] = (
+    ("gauge", "uptime_seconds", "Seconds since the mount started", "uptime_s"),
+    ("gauge", "open_files", "Files open through the mount", "open_files"),
+    ("gauge", "inodes", "Inodes the kernel currently holds", "inodes"),
+    # readers
+    (
+        "counter",
+        "reads",
+        "Reads answered (the kernel page cache answers some first)",
+        "blocks.reads",
+    ),
+    ("counter", "read_bytes", "Bytes served to readers", "blocks.bytes_served"),
+    (
+        "gauge",
+        "read_throughput_bytes_per_second",
+        "Bytes served to readers per second, over the last few seconds",
+        "throughput_bytes_per_s",
+    ),
+    (
+        "counter",
+        "storage_wait_seconds",
+        "Seconds readers spent waiting for blocks to be fetched",
+        "blocks.storage_wait_s",
+    ),
+    # storage
+    ("counter", "storage_read_bytes", "Bytes read from storage", "storage.range_bytes"),
+    ("counter", "storage_retries", "Attempts repeated after a transient failure", "retry.retries"),
+    ("counter", "storage_gave_up", "Operations that failed after every retry", "retry.gave_up"),
+    ("gauge", "fetches_in_flight", "Block fetches running or queued", "blocks.fetcher.in_flight"),
+    ("counter", "fetch_failures", "Block fetches that failed", "blocks.fetcher.failed"),
+    # read-ahead
+    (
+        "counter",
+        "readahead_blocks_fetched",
+        "Read-ahead fetches started",
+        "blocks.prefetch_started",
+    ),
+    ("counter", "readahead_blocks_used", "Read-ahead blocks then read", "blocks.prefetch_used"),
+    (
+        "counter",
+        "readahead_blocks_wasted",
+        "Read-ahead blocks dropped before a reader got to them",
+        "blocks.prefetch_wasted",
+    ),
+    (
+        "counter",
+        "readahead_skipped",
+        "Read-ahead not started because the read-ahead memory limit was reached",
+        "blocks.prefetch_skipped_budget",
+    ),
+    ("gauge", "readahead_bytes", "Bytes held by read-ahead", "blocks.read_ahead_bytes"),
+    ("gauge", "readahead_limit_bytes", "Read-ahead memory limit", "blocks.read_ahead_budget_bytes"),
+    # RAM tier
+    ("gauge", "ram_cache_bytes", "Bytes in the RAM tier", "blocks.ram.used_bytes"),
+    ("gauge", "ram_cache_limit_bytes", "RAM tier size", "blocks.ram.capacity_bytes"),
+    ("gauge", "ram_cache_blocks", "Blocks in the RAM tier", "blocks.ram.entries"),
+    ("counter", "ram_cache_evictions", "Blocks evicted from the RAM tier", "blocks.ram.evictions"),
+    # disk tier
+    ("counter", "disk_cache_hits", "Blocks found in the disk tier", "disk.hits"),
+    (
+        "counter",
+        "disk_cache_misses",
+        "Blocks looked for in the disk tier, not found",
+        "disk.misses",
+    ),
+    ("counter", "disk_cache_corrupt", "Disk tier files that failed verification", "disk.corrupt"),
+    ("gauge", "disk_cache_bytes", "Bytes in the disk tier", "disk.space.used_bytes"),
+    ("gauge", "disk_cache_limit_bytes", "Disk tier size", "disk.space.capacity_bytes"),
+    ("gauge", "disk_cache_blocks", "Blocks in the disk tier", "disk.space.entries"),
+    (
+        "gauge",
+        "disk_write_queue_bytes",
+        "Bytes waiting to be written to the disk tier",
+        "disk.writer.queued_bytes",
+    ),
+    (
+        "gauge",
+        "disk_write_queue_limit_bytes",
+        "Disk write queue size",
+        "disk.writer.max_queue_bytes",
+    ),
+    ("counter", "disk_blocks_written", "Blocks written to the disk tier", "disk.writer.written"),
+)
+
+# (type, name, help, label, {label value: path})
+LABELLED: tuple[tuple[str, str, str, str, dict[str, str]], ...] = (
+    (
+        "counter",
+        "block_lookups",
+        "Blocks readers needed, by where they were found: the open file's buffer, the RAM "
+        "tier, or a fetch (disk tier or storage) that the reader waited for",
+        "source",
+        {"buffer": "blocks.buffer_hits", "ram": "blocks.ram_hits", "fetch": "blocks.storage_waits"},
+    ),
+    (
+        "counter",
+        "storage_requests",
+        "Storage operations by kind (a retried operation counts once)",
+        "operation",
+        {
+            "range": "storage.range_requests",
+            "list": "storage.list_requests",
+            "properties": "storage.properties_requests",
+        },
+    ),
+    (
+        "counter",
+        "disk_blocks_not_written",
+        "Blocks not written to the disk tier, by reason",
+        "reason",
+        {
+            "queue_full": "disk.writer.dropped_queue_full",
+            "no_space": "disk.writer.dropped_no_space",
+            "failed": "disk.writer.failed",
+        },
+    ),
+)
+
+
+def metric_names() -> list[str]:
+    """Every metric this module can export, as a scrape shows it (counters end in _total)."""
+    names = [f"{PREFIX}_mount_info", f"{PREFIX}_storage_errors_total"]
+    for kind, name, *_ in (*SIMPLE, *LABELLED):
+        names.append(f"{PREFIX}_{name}" + ("_total" if kind == "counter" else ""))
+    return names
+
+
+def _get(s: Snapshot, path: str) -> float | None:
+    """The number at dotted `path` in the snapshot, or None where anything is missing."""
+    value: Any = s
+    for key in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _family(
+    kind: str, name: str, doc: str, labels: list[str]
+) -> CounterMetricFamily | GaugeMetricFamily:
+    family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+    return family_type(f"{PREFIX}_{name}", doc, labels=labels)
+
+
+def metric_families(s: Snapshot) -> list[Metric]:
+    """The metric families for one `blobmount stats` snapshot (pure; see docs/OPERATIONS.md)."""
+    out: list[Metric] = []
+    info = _family(
+        "gauge", "mount_info", "The source (no secrets) and mount point", ["source", "mountpoint"]
+    )
+    info.add_metric([str(s.get("source", "")), str(s.get("mountpoint", ""))], 1.0)
+    out.append(info)
+    for kind, name, doc, path in SIMPLE:
+        value = _get(s, path)
+        if value is not None:
+            family = _family(kind, name, doc, [])
+            family.add_metric([], value)
+            out.append(family)
+    for kind, name, doc, label, paths in LABELLED:
+        samples = [(key, v) for key, path in paths.items() if (v := _get(s, path)) is not None]
+        if samples:
+            family = _family(kind, name, doc, [label])
+            for key, value in samples:
+                family.add_metric([key], value)
+            out.append(family)
+    storage = s.get("storage")
+    errors = storage.get("errors") if isinstance(storage, dict) else None
+    if isinstance(errors, dict):
+        family = _family(
+            "counter",
+            "storage_errors",
+            "Storage operations that failed after retries, by kind",
+            ["kind"],
+        )
+        for kind, count in sorted(errors.items()):
+            if isinstance(count, int):
+                family.add_metric([str(kind)], float(count))
+        out.append(family)
+    return out
+
+
+class SnapshotCollector(Collector):
+    """Collects from `snapshot()` at each scrape; yields nothing while there is no snapshot to
+    take yet (the port is bound before the mount exists) or any more (unmounting)."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot] | None = None) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        try:
+            s = snapshot()
+        except trio.RunFinishedError:
+            return  # the mount is gone
+        yield from metric_families(s)
+
+
+@dataclass(slots=True)
+class MetricsServer:
+    """A running /metrics endpoint; `publish` gives it the snapshot function."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    collector: SnapshotCollector
+
+    @property
+    def url(self) -> str:
+        address = self.server.server_address
+        host, port = str(address[0]), int(address[1])
+        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+
+    def publish(
+        self, snapshot: Callable[[], Snapshot], trio_token: trio.lowlevel.TrioToken | None
+    ) -> None:
+        """Serve `snapshot()` from now on. With `trio_token`, each scrape runs it on that trio
+        loop's thread (it must run there); without, on the HTTP thread."""
+        if trio_token is None:
+            self.collector.snapshot = snapshot
+            return
+        token = trio_token
+
+        def on_trio_thread() -> Snapshot:
+            return trio.from_thread.run_sync(snapshot, trio_token=token)
+
+        self.collector.snapshot = on_trio_thread
+
+    def close(self) -> None:
+        """Stop serving and free the port (waits at most about half a second)."""
+        self.collector.snapshot = None
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def start_metrics_server(host: str, port: int) -> MetricsServer:
+    """Listen on host:port and serve /metrics from a thread; nothing of the mount's until
+    `publish`, only the process's own metrics.
+
+    Raises:
+        OSError: the address cannot be listened on (in use, not local, not resolvable).
+    """
+    collector = SnapshotCollector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    # RSS, CPU time and open descriptors of the daemon, from /proc: what the settings bound
+    ProcessCollector(registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread, collector)
+
+
+@asynccontextmanager
+async def open_metrics(address: str | None) -> AsyncIterator[Metrics]:
+    """The endpoint at DATASET_MOUNT_METRICS_ADDR's "host:port" (None: off), bound on entry
+    so that a port in use stops the mount before anything is mounted; closed on exit.
+
+    Raises:
+        ConfigError: nothing can listen at `address`; the message names the variable.
+    """
+    if address is None:
+        yield Metrics(None)
+        return
+    try:
+        host, port = split_host_port(address)
+        server = start_metrics_server(host, port)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"DATASET_MOUNT_METRICS_ADDR={address!r}: cannot serve metrics there: {reason}"
+        ) from None
+    log.info("metrics at %s", server.url)
+    try:
+        yield Metrics(server)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(server.close)
+
+
+@dataclass(slots=True)
+class Metrics:
+    """What `open_metrics` yields: the server, or None when metrics are off."""
+
+    server: MetricsServer | None
+
+    def publish(self, snapshot: Callable[[], Snapshot]) -> None:
+        """Serve `snapshot()` (called on the current trio thread) from now on."""
+        if self.server is not None:
+            self.server.publish(snapshot, trio.lowlevel.current_trio_token())
