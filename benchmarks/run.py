@@ -95,7 +95,8 @@ def _parser(names: list[str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--py-spy",
         action="store_true",
-        help="record a py-spy flame graph of the daemon during each mount run (adds overhead)",
+        help="record the daemon with py-spy during each mount run into <out>/profiles/ "
+        "(collapsed stacks; adds overhead)",
     )
     parser.add_argument(
         "--run-timeout",

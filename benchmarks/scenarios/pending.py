@@ -37,8 +37,8 @@ class Download(PendingScenario):
     number = 7
     title = "Download mode: the whole dataset copied to local disk"
     todo = (
-        "needs `blobmount download` (download/, being built); ceiling = parallel ranged GETs "
-        "into memory, system = the download command into a fresh folder"
+        "download mode has its own benchmark for now (benchmarks/download_bench.py: ceiling, "
+        "download, local-only); fold it in here as a Scenario with a download System"
     )
 
 

@@ -111,7 +111,8 @@ async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncItera
             bridge,
             connect_timeout_s=settings.connect_timeout_s,
             read_timeout_s=settings.read_timeout_s,
-            max_connections=max(64, settings.read_threads * 2),
+            # enough for the prefetch pool, the demand reads beside it, and `download`
+            max_connections=max(64, settings.read_threads * 2, settings.downloader_threads),
         )
         try:
             yield client

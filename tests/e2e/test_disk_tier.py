@@ -69,7 +69,15 @@ def cache_dir(tmp_path) -> Path:
 
 
 def stats(daemon) -> dict:
-    return fetch_stats(stats_socket(daemon.mountpoint))
+    # The daemon may answer FUSE a moment before its stats socket listens (seen under load).
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return fetch_stats(stats_socket(daemon.mountpoint))
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def wait_written(daemon, timeout_s: float = 120.0) -> dict:

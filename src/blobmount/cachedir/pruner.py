@@ -92,6 +92,8 @@ class _PassOutcome:
     recent: frozenset[Path]
     #: another process held the prune lock, so this pass could not prune
     contended: bool
+    #: bytes of entries last used before the pass started (what it could have removed)
+    removable_bytes: int
 
 
 class Pruner:
@@ -123,7 +125,7 @@ class Pruner:
         self._written_during_pass: list[tuple[Path, int]] | None = None
         self._counted_by_scan: set[Path] = set()
         self._full_until = -math.inf
-        self._last_pass_freed = False
+        self._last_pass_removable = False
         self._last_pass_pruned = False
         self._last_pass_contended = False
         self._full = False
@@ -161,12 +163,12 @@ class Pruner:
             if self._last_pass_contended:
                 # another process is pruning this directory; its pass frees room for us too
                 await trio.sleep(0.1)
-            elif self._last_pass_pruned and not self._last_pass_freed:
-                # it tried and found nothing it may remove: the disk is full of other things
+            elif self._last_pass_pruned and not self._last_pass_removable:
+                # it had nothing it could remove: the disk is full of other things
                 self.report_full(f"no room for {format_size(nbytes)}")
                 return False
-            # else: other writers took the room this pass made, or reserved room while it
-            # scanned; go round again
+            # else: other writers took the room this pass made, or wrote while it scanned;
+            # go round again
         return False
 
     def report_full(self, why: str, *, disk_says_so: bool = False) -> None:
@@ -248,7 +250,7 @@ class Pruner:
                 outcome.entries + len(missed),
                 outcome.used_bytes + outcome.free_bytes,
             )
-            self._last_pass_freed = outcome.pruned_entries > 0
+            self._last_pass_removable = outcome.removable_bytes > 0
             self._last_pass_pruned = outcome.pruned
             self._last_pass_contended = outcome.contended
             self._scans += 1
@@ -288,9 +290,13 @@ class Pruner:
         try:
             ages = AgeHistogram()
             recent: set[Path] = set()
+            removable = 0  # bytes last used before this pass: the most it may free
 
             def survey(entry: CacheEntry) -> None:
+                nonlocal removable
                 ages.add(entry.last_used_s, entry.size_bytes)
+                if entry.last_used_s <= started:
+                    removable += entry.size_bytes
                 # mtime comes from the same clock; the margin covers coarse timestamps
                 if entry.last_used_s >= started - 2.0:
                     recent.add(Path(entry.path))
@@ -331,6 +337,7 @@ class Pruner:
             lock.release()
         return _PassOutcome(
             recent=frozenset(recent),
+            removable_bytes=removable,
             contended=not have_lock,
             used_bytes=max(0, used - pruned_bytes),
             entries=max(0, scan.entries - pruned_entries),

@@ -93,14 +93,19 @@ def allocated_size(nbytes: int, block_bytes: int) -> int:
 MAX_AGE_BUCKETS = 4096
 
 
+#: finest bucket of an age histogram: a small cache under heavy churn turns over in less than
+#: a second, and its LRU order still matters
+AGE_RESOLUTION_S = 0.001
+
+
 class AgeHistogram:
     """Bytes by last-use time, for choosing least-recently-used victims without holding the
-    list of every entry: buckets of 1 s, doubled in width whenever there are more than
+    list of every entry: buckets of 1 ms, doubled in width whenever there are more than
     MAX_AGE_BUCKETS of them. Entries in one bucket count as equally old."""
 
     def __init__(self, max_buckets: int = MAX_AGE_BUCKETS) -> None:
         self.max_buckets = max(1, max_buckets)
-        self.shift = 0  # bucket width is 2**shift seconds
+        self.shift = 0  # bucket width is 2**shift * AGE_RESOLUTION_S
         self._bytes: dict[int, int] = {}
 
     @property
@@ -108,7 +113,7 @@ class AgeHistogram:
         return len(self._bytes)
 
     def key(self, last_used_s: float) -> int:
-        return math.floor(last_used_s) >> self.shift
+        return _tick(last_used_s) >> self.shift
 
     def add(self, last_used_s: float, size_bytes: int) -> None:
         k = self.key(last_used_s)
@@ -130,6 +135,10 @@ class AgeHistogram:
         return LruCut(self.shift, math.inf, 0)  # everything
 
 
+def _tick(last_used_s: float) -> int:
+    return math.floor(last_used_s / AGE_RESOLUTION_S)
+
+
 class LruCut:
     """Answers, entry by entry in any order, whether it is among the oldest to remove:
     everything older than the cut bucket, and from the cut bucket itself as much as is
@@ -141,7 +150,7 @@ class LruCut:
         self.need_in_bucket = need_in_bucket
 
     def take(self, last_used_s: float, size_bytes: int) -> bool:
-        k = math.floor(last_used_s) >> self.shift
+        k = _tick(last_used_s) >> self.shift
         if k < self.bucket:
             return True
         if k == self.bucket and self.need_in_bucket > 0:
