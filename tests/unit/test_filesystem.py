@@ -104,10 +104,43 @@ async def test_lookup_costs_and_negative_cache(nursery):
     # a folder without marker: one properties request, then one one-item prefix probe
     assert (await fs.lookup(ROOT_INODE, "a")).is_dir
     assert (storage.properties_requests, storage.list_requests) == (2, 1)
+    # the third lookup in a folder nobody listed lists it once (one page) instead
     assert await fs.lookup(ROOT_INODE, "missing") is None
-    assert (storage.properties_requests, storage.list_requests) == (3, 2)
-    assert await fs.lookup(ROOT_INODE, "missing") is None  # negative result cached
-    assert (storage.properties_requests, storage.list_requests) == (3, 2)
+    assert (storage.properties_requests, storage.list_requests) == (2, 2)
+    assert await fs.lookup(ROOT_INODE, "missing") is None  # answered by the listing
+    assert await fs.lookup(ROOT_INODE, "marker") is not None
+    assert (storage.properties_requests, storage.list_requests) == (2, 2)
+
+
+async def test_negative_lookups_are_cached_without_a_listing(nursery):
+    mem = InMemoryStorageClient()
+    for i in range(6000):  # more than one page: a miss past page one asks storage
+        mem.put(f"big/f{i:05d}", b"")
+    fs, storage = make_fs(nursery, mem)
+    big = await fs.lookup(ROOT_INODE, "big")
+    for name in ("f00001", "f00002", "f05999"):
+        assert await fs.lookup(big.inode, name) is not None
+    before = storage.statistics().requests
+    assert await fs.lookup(big.inode, "zzz") is None
+    after_miss = storage.statistics().requests
+    assert after_miss > before
+    assert await fs.lookup(big.inode, "zzz") is None  # the negative answer is cached
+    assert storage.statistics().requests == after_miss
+
+
+async def test_many_lookups_in_an_unlisted_folder_cost_a_page_not_a_head_each(nursery):
+    mem = InMemoryStorageClient()
+    for i in range(1000):
+        mem.put(f"imgs/{i:04d}.jpg", b"x")
+    fs, storage = make_fs(nursery, mem)
+    imgs = await fs.lookup(ROOT_INODE, "imgs")
+    before = (storage.properties_requests, storage.list_requests)
+    for i in range(1000):
+        assert await fs.lookup(imgs.inode, f"{i:04d}.jpg") is not None
+    heads = storage.properties_requests - before[0]
+    lists = storage.list_requests - before[1]
+    assert heads <= 2  # the first lookups, before the pattern shows
+    assert lists == 1
 
 
 async def test_lookup_after_listing_costs_nothing(nursery):

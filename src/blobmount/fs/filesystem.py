@@ -186,16 +186,18 @@ class BlobFilesystem:
         known = self.inodes.child(parent, name)
         if known is not None and self._fresh(known.fetched):
             return known
-        listing = self.catalog.get(self._dir_prefix(parent))
+        path = parent.child_path(name)
+        if self.catalog.known_missing(path):
+            return None
+        listing = self.catalog.listing_for_lookups(self._dir_prefix(parent))
         if listing is not None:
+            if not listing.entries and not listing.complete:
+                await listing.ensure(1)  # the first page: often the whole folder
             entry = listing.find(name)
             if entry is not None:
                 return self.inodes.upsert(parent, entry, listing.created)
             if listing.complete:
                 return None
-        path = parent.child_path(name)
-        if self.catalog.known_missing(path):
-            return None
         entry = await self._probe(path, name)
         if entry is None:
             self.catalog.note_missing(path)

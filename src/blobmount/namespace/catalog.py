@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 AUTO_WALK_AFTER = 3
 #: remembered "no such name" answers; older ones are forgotten first
 NEGATIVE_ENTRIES = 100_000
+#: lookups of names in a folder nobody listed are answered by a properties request each; after
+#: this many, the folder is listed instead (5,000 names per request: a dataset reading its files
+#: by known paths costs a list page per 5,000 files instead of a HEAD per file)
+PROBES_BEFORE_LISTING = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ class ListingCatalog:
         self._listings: dict[str, DirListing] = {}
         self._walks: dict[str, FlatWalk] = {}
         self._opened_children: dict[str, int] = {}
+        self._probes: LRUCache[str, int] = LRUCache(maxsize=10_000)
         self._negative: LRUCache[str, float] = LRUCache(maxsize=NEGATIVE_ENTRIES)
         self._paged_pages_done = 0  # pages of listings already dropped
         self._walk_pages_done = 0
@@ -98,6 +103,26 @@ class ListingCatalog:
                 del self._opened_children[parent_prefix]
                 log.info("tree walk under %r: listing the rest of it flat", parent_prefix)
                 walk = self._walk(parent_prefix)
+        if walk is not None:
+            walked = self._walked_listing(walk, prefix)
+            if walked is not None:
+                return walked
+        paged = PagedListing(self._storage, prefix, self._clock())
+        self._listings[prefix] = paged
+        return paged
+
+    def listing_for_lookups(self, prefix: str) -> DirListing | None:
+        """A listing to answer lookups in the folder from, once lookups there have been
+        frequent enough to be worth one (counted per call); None until then."""
+        listing = self.get(prefix)
+        if listing is not None:
+            return listing
+        probes = self._probes.get(prefix, 0) + 1
+        self._probes[prefix] = probes
+        if probes <= PROBES_BEFORE_LISTING:
+            return None
+        del self._probes[prefix]
+        walk = self._covering_walk(prefix)
         if walk is not None:
             walked = self._walked_listing(walk, prefix)
             if walked is not None:
