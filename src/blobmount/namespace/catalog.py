@@ -103,13 +103,7 @@ class ListingCatalog:
                 del self._opened_children[parent_prefix]
                 log.info("tree walk under %r: listing the rest of it flat", parent_prefix)
                 walk = self._walk(parent_prefix)
-        if walk is not None:
-            walked = self._walked_listing(walk, prefix)
-            if walked is not None:
-                return walked
-        paged = PagedListing(self._storage, prefix, self._clock())
-        self._listings[prefix] = paged
-        return paged
+        return self._start_listing(prefix, walk)
 
     def listing_for_lookups(self, prefix: str) -> DirListing | None:
         """A listing to answer lookups in the folder from, once lookups there have been
@@ -122,7 +116,10 @@ class ListingCatalog:
         if probes <= PROBES_BEFORE_LISTING:
             return None
         del self._probes[prefix]
-        walk = self._covering_walk(prefix)
+        return self._start_listing(prefix, self._covering_walk(prefix))
+
+    def _start_listing(self, prefix: str, walk: FlatWalk | None) -> DirListing:
+        """A new listing of the folder: filled by `walk` when one covers it, else paged."""
         if walk is not None:
             walked = self._walked_listing(walk, prefix)
             if walked is not None:
