@@ -195,7 +195,7 @@ async def serve(
             try:
                 async with trio.open_nursery() as control:
                     fuse_scope = trio.CancelScope()
-                    control.start_soon(serve_stats, stats_socket(request.mountpoint), snapshot)
+                    await control.start(serve_stats, stats_socket(request.mountpoint), snapshot)
                     control.start_soon(_sample_every_second, meter)
                     control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
                     control.start_soon(_report_ready, request, notifier, record)

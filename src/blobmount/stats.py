@@ -50,8 +50,16 @@ class ThroughputMeter:
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-async def serve_stats(path: Path, snapshot: Callable[[], Snapshot]) -> None:
-    """Answer every connection on `path` with one JSON snapshot. Runs until cancelled."""
+async def serve_stats(
+    path: Path,
+    snapshot: Callable[[], Snapshot],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Answer every connection on `path` with one JSON snapshot. Runs until cancelled.
+
+    Started with `nursery.start`, it returns only once the socket is listening, so a `stats`
+    call made as soon as the mount answers is never refused."""
     # a few metadata calls at start and stop: not worth a thread
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.unlink(missing_ok=True)  # noqa: ASYNC240
@@ -59,6 +67,7 @@ async def serve_stats(path: Path, snapshot: Callable[[], Snapshot]) -> None:
     await sock.bind(str(path))
     os.chmod(path, 0o600)
     sock.listen(16)
+    task_status.started()
 
     async def answer(stream: trio.SocketStream) -> None:
         async with stream:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,16 +22,15 @@ def fuse_ok() -> None:
 
 
 @pytest.fixture
-def mount_env(azurite) -> dict[str, str]:
+def mount_env(azurite, tmp_path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))
     }
     env["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-    env["DATASET_MOUNT_CACHE_DIR"] = str(
-        Path(os.environ.get("TMPDIR", "/tmp")) / f"blobmount-e2e-cache-{uuid.uuid4().hex[:8]}"
-    )
+    # under the test's own tmp_path: the disk tier is on by default and would leave blocks
+    env["DATASET_MOUNT_CACHE_DIR"] = str(tmp_path / "cache")
     return env
 
 

@@ -80,12 +80,14 @@ def stats(daemon) -> dict:
             time.sleep(0.05)
 
 
-def wait_written(daemon, timeout_s: float = 120.0) -> dict:
-    """Stats once the disk tier's write queue is empty."""
+def wait_written(daemon, timeout_s: float = 120.0, blocks: int | None = None) -> dict:
+    """Stats once the disk tier's write queue is empty (and, given `blocks`, once that many
+    writes have finished: a block taken off the queue may still be being written)."""
     deadline = time.monotonic() + timeout_s
     while True:
         s = stats(daemon)
-        if s["disk"]["writer"]["queued_blocks"] == 0:
+        writer = s["disk"]["writer"]
+        if writer["queued_blocks"] == 0 and (blocks is None or writer["written"] >= blocks):
             return s
         if time.monotonic() > deadline:
             raise AssertionError(f"disk writes still queued after {timeout_s}s: {s['disk']}")
@@ -130,8 +132,8 @@ def test_second_read_comes_from_disk(dataset, mount_factory, cache_dir):
 
     digest, first_s = read_file(path)
     assert digest == digests["big.bin"]
-    s1 = wait_written(daemon)
-    assert s1["disk"]["writer"]["written"] == blocks_of(BIG)
+    s1 = wait_written(daemon, blocks=blocks_of(BIG))
+    assert s1["disk"]["writer"]["written"] == blocks_of(BIG), s1["disk"]
     assert s1["storage"]["range_requests"] == blocks_of(BIG)
 
     drop_page_cache(path)
