@@ -45,3 +45,13 @@ def container(azurite: AzuriteServer) -> Iterator[str]:
         yield name
     finally:
         azurite.delete_container(name)
+
+
+@pytest.fixture
+def proxy(azurite):
+    """A fault-injecting proxy in front of the session's Azurite (tests/helpers/fault_proxy.py),
+    switched per test and always stopped."""
+    from tests.helpers.fault_proxy import FaultProxy
+
+    with FaultProxy(azurite.port) as p:
+        yield p

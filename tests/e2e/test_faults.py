@@ -28,7 +28,6 @@ from tests.helpers.bounds import SLACK_S, Limits, MiB, in_thread
 from tests.helpers.fault_proxy import (
     ALL_KINDS,
     Fault,
-    FaultProxy,
     cut_short,
     reset_mid_body,
     server_error,
@@ -72,12 +71,6 @@ def dataset(azurite) -> Iterator[str]:
         yield container
     finally:
         azurite.delete_container(container)
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 @pytest.fixture

@@ -207,12 +207,6 @@ def big(azurite) -> Iterator[str]:
 
 
 @pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:
-    with FaultProxy(azurite.port) as p:
-        yield p
-
-
-@pytest.fixture
 def proxied_mount(proxy, mount_factory, big) -> Iterator[Callable[..., MountedDaemon]]:
     def mount(env: dict[str, str]) -> MountedDaemon:
         return mount_factory(big, env=env, base_url=proxy.account_url)

@@ -28,7 +28,6 @@ from blobmount.storage.azure import AzureStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.fault_proxy import (
     Fault,
-    FaultProxy,
     cut_short,
     reset_mid_body,
     server_error,
@@ -57,12 +56,6 @@ def blob_container(azurite) -> Iterator[str]:
         yield name
     finally:
         azurite.delete_container(name)
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 @pytest.fixture
