@@ -33,6 +33,7 @@ from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.retry import RetryingStorageClient
+from blobmount.wholefile.cache import open_whole_file_mode
 
 if TYPE_CHECKING:
     from blobmount.fs.fuse_ops import FuseOperations
@@ -160,10 +161,11 @@ async def serve(
             # first: a metrics port in use stops the mount before anything is mounted
             open_metrics(settings.metrics_addr) as metrics,
             open_disk_tier(settings, storage.location) as disk,
+            open_whole_file_mode(settings, storage) as whole_files,
             trio.open_nursery() as work,
         ):
             blocks = BlockManager(storage, block_manager_config(settings), work, disk)
-            fs = BlobFilesystem(storage, blocks, fs_config(settings, spec))
+            fs = BlobFilesystem(storage, blocks, fs_config(settings, spec), whole_files)
             ops = FuseOperations(fs)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
             record = MountRecord(
@@ -172,7 +174,12 @@ async def serve(
                 spec.display,
                 str(request.log_file) if request.log_file else None,
             )
-            meter = ThroughputMeter(lambda: blocks.statistics().bytes_served)
+            meter = ThroughputMeter(
+                lambda: (
+                    blocks.statistics().bytes_served
+                    + (whole_files.served_bytes if whole_files is not None else 0)
+                )
+            )
             started = time.monotonic()
 
             def snapshot() -> Snapshot:
@@ -189,6 +196,9 @@ async def serve(
                     "retry": as_dict(retrying.statistics()),
                     "blocks": as_dict(blocks.statistics()),
                     "disk": None if disk is None else as_dict(disk.statistics()),
+                    "whole_file": None
+                    if whole_files is None
+                    else as_dict(whole_files.statistics()),
                 }
 
             metrics.publish(snapshot)

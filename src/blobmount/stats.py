@@ -123,6 +123,7 @@ def format_stats(s: Snapshot) -> str:
         f"RAM tier          {format_size(ram['used_bytes'])} of "
         f"{format_size(ram['capacity_bytes'])} ({ram['entries']} blocks)",
         _disk_line(s.get("disk")),
+        *_whole_file_lines(s.get("whole_file")),
         f"waiting on storage {blocks['storage_waits']} reads, "
         f"{blocks['storage_wait_s']:.2f}s total; {fetcher['in_flight']} fetches in flight",
         f"open files        {s['open_files']}, inodes {s['inodes']}",
@@ -149,3 +150,17 @@ def _disk_line(disk: dict[str, Any] | None) -> str:
         f"{disk['corrupt']} corrupt; queue {format_size(writer['queued_bytes'])}, "
         f"{writer['written']} written, {dropped} not written"
     )
+
+
+def _whole_file_lines(whole: dict[str, Any] | None) -> list[str]:
+    if not whole:
+        return []  # block mode
+    space = whole["space"]
+    return [
+        f"whole-file cache  {format_size(space['used_bytes'])} of "
+        f"{format_size(space['capacity_bytes'])} ({space['entries']} files), "
+        f"{whole['open_copies']} open; opens: {whole['cached_opens']} cached, "
+        f"{whole['shared_opens']} shared, {whole['downloads']} downloaded "
+        f"({format_size(whole['downloaded_bytes'])}), {whole['fallbacks']} streamed, "
+        f"{whole['failed_downloads']} failed, {whole['corrupt']} corrupt"
+    ]

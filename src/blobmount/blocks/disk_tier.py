@@ -444,5 +444,9 @@ async def open_block_disk_tier(
 async def open_disk_tier(settings: Settings, location: str) -> AsyncIterator[DiskTier | None]:
     """The disk tier of a mount of `location` ("account/container"), configured by `settings`;
     None when off or unusable. Owns its background tasks and stops them on exit."""
+    if not settings.block_based_cache_enabled:
+        log.info("whole-file mode: the block disk cache is off (files that do not fit stream)")
+        yield None
+        return
     async with open_block_disk_tier(disk_tier_config(settings), location) as tier:
         yield tier

@@ -59,13 +59,13 @@ class Fetched:
 
 
 class Transfers:
-    """Fetches blobs into DEST, sharing `slots` (the transfer budget) and `threads` (for file
-    writes) between all files."""
+    """Fetches blobs into DEST (or any path, with `fetch_to`), sharing `slots` (the transfer
+    budget) and `threads` (for file writes) between all files."""
 
     def __init__(
         self,
         storage: StorageClient,
-        dest: Destination,
+        dest: Destination | None,
         config: TransferConfig,
         *,
         slots: trio.CapacityLimiter,
@@ -115,8 +115,15 @@ class Transfers:
             TransferError: wrong bytes received.
             OSError: writing, creating the folder, or renaming failed.
         """
-        final = self._dest.path / rel
-        tmp = self._dest.temp_path()
+        dest = self._dest
+        if dest is None:
+            raise RuntimeError("these Transfers have no destination folder: use fetch_to")
+        return await self.fetch_to(blob, dest.path / rel, dest.temp_path(), on_bytes)
+
+    async def fetch_to(
+        self, blob: BlobProps, final: Path, tmp: Path, on_bytes: Callable[[int], None]
+    ) -> Fetched:
+        """`fetch` into any `final` path, through the temporary `tmp` (same file system)."""
         if blob.size <= self._config.part_size:
             async with self._slots:
                 data = await self._get(blob, 0, blob.size) if blob.size else b""

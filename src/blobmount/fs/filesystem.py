@@ -25,12 +25,13 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
-from blobmount.fs.readers import BlockReader, OpenReader
+from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
 from blobmount.namespace.listing import DirEntry, DirListing
 from blobmount.namespace.names import NAME_MAX, valid_segment
 from blobmount.storage.base import StorageClient
+from blobmount.wholefile.cache import WholeFileCache
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +121,17 @@ def _is_utf8(name: str) -> bool:
 
 
 class BlobFilesystem:
-    def __init__(self, storage: StorageClient, blocks: BlockManager, config: FsConfig) -> None:
+    def __init__(
+        self,
+        storage: StorageClient,
+        blocks: BlockManager,
+        config: FsConfig,
+        whole_files: WholeFileCache | None = None,
+    ) -> None:
         self._storage = storage
         self._blocks = blocks
+        #: set in whole-file mode; files it cannot hold are read through `blocks`
+        self._whole_files = whole_files
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
@@ -296,6 +305,8 @@ class BlobFilesystem:
         assert node.etag is not None
         etag = node.etag
         version = BlobVersion(self._blob_name(node.path), etag, node.size)
+        reader = await self._open_reader(version)
+        # no await from here on: the bookkeeping below happens all or not at all
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
@@ -307,11 +318,18 @@ class BlobFilesystem:
             keep_cache, direct_io = node.open_etag in (None, etag), False
             node.open_etag = etag
         open_etags[etag] += 1
-        reader = BlockReader(self._blocks, self._blocks.open(version))
         fh = next(self._fh)
         node.opens += 1
         self._files[fh] = _FileHandle(node, version, reader)
         return OpenedFile(fh, keep_cache, direct_io)
+
+    async def _open_reader(self, version: BlobVersion) -> OpenReader:
+        if self._whole_files is not None:
+            # blocks until the whole file is in the cache (one download for concurrent opens)
+            copy = await self._whole_files.open(version)
+            if copy is not None:
+                return WholeFileReader(self._whole_files, copy)
+        return BlockReader(self._blocks, self._blocks.open(version))
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._files.get(fh)
