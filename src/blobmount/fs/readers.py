@@ -44,19 +44,47 @@ class WholeFileReader:
             raise ValueError("read after close")
         if offset >= copy.size or size <= 0:
             return b""
-        # a worker thread: the page may not be in memory, and a disk wait must not stop the
-        # FUSE loop; the fd stays open (and the file cannot be pruned) until close
-        data = await trio.to_thread.run_sync(
-            os.pread,
-            copy.fd,
-            min(size, copy.size - offset),
-            offset,
-            limiter=self._cache.read_limiter,
-        )
-        self._cache.served_bytes += len(data)
-        return data
+        want = min(size, copy.size - offset)
+        buf = bytearray(want)
+        # What the page cache holds is read right here (a just-downloaded file is all there);
+        # only the rest goes to a worker thread, so a disk wait never stops the FUSE loop.
+        got = _read_cached(copy.fd, buf, offset)
+        if got < want:
+            got += await trio.to_thread.run_sync(
+                _read_into,
+                copy.fd,
+                memoryview(buf)[got:],
+                offset + got,
+                limiter=self._cache.read_limiter,
+            )
+        self._cache.served_bytes += got
+        return memoryview(buf)[:got]
 
     def close(self) -> None:
         copy, self._copy = self._copy, None
         if copy is not None:
             self._cache.release(copy)
+
+
+def _read_cached(fd: int, buf: bytearray, offset: int) -> int:
+    """Bytes read into `buf` from the page cache alone (RWF_NOWAIT): 0 if none are there."""
+    if not _NOWAIT:
+        return 0  # no way to ask without waiting
+    try:
+        return os.preadv(fd, [buf], offset, _NOWAIT)
+    except (BlockingIOError, OSError):
+        return 0
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `offset` (blocking); fewer bytes only at the end of the file."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)

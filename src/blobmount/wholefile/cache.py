@@ -371,6 +371,7 @@ class WholeFileCache:
 
     async def _download(self, version: BlobVersion, path: Path) -> int:
         """Download `version` to `path`; the open fd of the finished file."""
+        started = trio.current_time()
         props = await self._storage.get_properties(version.name)
         if props.etag != version.etag:
             raise BlobChanged(f"{version.name} changed while being opened; open it again")
@@ -398,6 +399,13 @@ class WholeFileCache:
             self.pruner.end_write(path, estimate, written, free)
         self._downloads_done += 1
         self._downloaded_bytes += size
+        elapsed = trio.current_time() - started
+        log.info(
+            "whole-file cache: downloaded %s (%s) in %.2fs",
+            version.name,
+            format_size(size),
+            elapsed,
+        )
         return fd
 
     async def _make_room(self, name: str, estimate: int) -> bool:
