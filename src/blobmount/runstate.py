@@ -34,6 +34,11 @@ def stats_socket(mountpoint: Path) -> Path:
     return runtime_dir() / f"{_key(mountpoint)}.sock"
 
 
+def hints_socket(mountpoint: Path) -> Path:
+    """Where a mount's daemon takes read-order hints (`blobmount.hints`), outside the mount."""
+    return runtime_dir() / f"{_key(mountpoint)}.hints"
+
+
 def default_log_file(mountpoint: Path) -> Path:
     slug = os.path.abspath(mountpoint).strip("/").replace("/", "_") or "root"
     return state_dir() / "logs" / f"{slug[:80]}-{_key(mountpoint)[:8]}.log"

@@ -10,7 +10,6 @@ import collections
 import dataclasses
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 import trio
 
 from blobmount.units import format_size
+from blobmount.unixsock import listen_unix
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +60,7 @@ async def serve_stats(
 
     Started with `nursery.start`, it returns only once the socket is listening, so a `stats`
     call made as soon as the mount answers is never refused."""
-    # a few metadata calls at start and stop: not worth a thread
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.unlink(missing_ok=True)  # noqa: ASYNC240
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await sock.bind(str(path))
-    os.chmod(path, 0o600)
-    sock.listen(16)
+    listener = await listen_unix(path)
     task_status.started()
 
     async def answer(stream: trio.SocketStream) -> None:
@@ -77,7 +71,7 @@ async def serve_stats(
                 pass
 
     try:
-        await trio.serve_listeners(answer, [trio.SocketListener(sock)])
+        await trio.serve_listeners(answer, [listener])
     finally:
         path.unlink(missing_ok=True)  # noqa: ASYNC240
 

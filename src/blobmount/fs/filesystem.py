@@ -18,6 +18,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -106,6 +107,15 @@ class _FileHandle:
 
 Replier = Callable[[str, Attr, int], bool]
 
+
+class OpenListener(Protocol):
+    """Told when a blob version is opened and closed (the hint coordinator)."""
+
+    def opened(self, version: BlobVersion) -> None: ...
+
+    def closed(self, version: BlobVersion) -> None: ...
+
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -132,6 +142,7 @@ class BlobFilesystem:
         self._blocks = blocks
         #: set in whole-file mode; files it cannot hold are read through `blocks`
         self._whole_files = whole_files
+        self.open_listener: OpenListener | None = None
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
@@ -321,7 +332,33 @@ class BlobFilesystem:
         fh = next(self._fh)
         node.opens += 1
         self._files[fh] = _FileHandle(node, version, reader)
+        if self.open_listener is not None:
+            self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
+
+    async def version_of(self, path: str) -> BlobVersion | None:
+        """The version an open of `path` (mount-relative, '/'-separated) would pin now, or None
+        if it is not a file. Costs what the kernel's lookups of it would; the nodes it makes
+        are not kept (the kernel does not know them)."""
+        node = self.inodes.root
+        try:
+            for name in path.split("/"):
+                if not node.is_dir or not valid_segment(name) or not _is_utf8(name):
+                    return None
+                child = await self._resolve(node, name)
+                if child is None:
+                    return None
+                node = child
+            if node.is_dir:
+                return None
+            if not self._fresh(node.fetched) or node.etag is None:
+                await self._refresh(node)
+            assert node.etag is not None
+            return BlobVersion(self._blob_name(node.path), node.etag, node.size)
+        except FsError:
+            return None
+        finally:
+            self.inodes.release_if_unused(node)
 
     async def _open_reader(self, version: BlobVersion) -> OpenReader:
         if self._whole_files is not None:
@@ -341,6 +378,8 @@ class BlobFilesystem:
         handle = self._files.pop(fh, None)
         if handle is not None:
             handle.reader.close()
+            if self.open_listener is not None:
+                self.open_listener.closed(handle.version)
             etags = self._open_etags[handle.node.inode]
             etags[handle.version.etag] -= 1
             if etags[handle.version.etag] <= 0:
