@@ -112,11 +112,12 @@ class HintStream:
         self.changed = trio.Event()  # something the stream's task may be waiting for
 
     def wake(self) -> None:
+        # every task waiting now wakes; a task that waits after this waits for the next wake
         self.changed.set()
+        self.changed = trio.Event()
 
     async def wait(self) -> None:
         await self.changed.wait()
-        self.changed = trio.Event()
 
 
 class HintCoordinator:
@@ -240,6 +241,7 @@ class HintCoordinator:
             if version is None:
                 self._invalid += 1
                 stream.queue.popleft()
+                stream.wake()
                 self._forget(hint)
                 return True
             hint.version = version
@@ -259,6 +261,7 @@ class HintCoordinator:
         if started is None:
             return False
         stream.queue.popleft()
+        stream.wake()  # the queue has room again
         hint.state = "ahead"
         hint.pending = started
         stream.ahead[hint.seq] = hint
