@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import logging
 
+from blobmount.progress import ProgressLog
 from blobmount.warm.budget import CacheView
-from blobmount.warm.report import summary_json, summary_lines
-from blobmount.warm.warmer import Failure, WarmResult
+from blobmount.warm.report import (
+    BarReporter,
+    log_reporter,
+    make_reporter,
+    summary_json,
+    summary_lines,
+)
+from blobmount.warm.warmer import Failure, Progress, WarmResult
 from tests.unit.test_warm_budget import MiB, block_snapshot
 
 
@@ -49,3 +58,28 @@ def test_failures_and_interruptions_are_not_ok():
     doc = summary_json(r, mountpoint="/mnt/data", source="az://c")
     assert doc["ok"] is False
     assert doc["failures"] == [{"path": "a.bin", "reason": "Input/output error"}]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert make_reporter(enabled=False) is None
+    out = Tty()
+    bar = make_reporter(True, out)
+    assert isinstance(bar, BarReporter)
+    bar.update(Progress(3, 30 * MiB, False, 1, 10 * MiB, 1.0, throttled=True))
+    bar.close()
+    assert "warm" in out.getvalue()
+    assert "1/3+ files, waiting for disk writes" in out.getvalue()
+
+    assert isinstance(make_reporter(True, io.StringIO()), ProgressLog)
+    now = [0.0]
+    lines = log_reporter(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="blobmount.warm.report"):
+        lines.update(Progress(3, 30 * MiB, True, 0, 0, 0.0, False))
+        now[0] = 10
+        lines.update(Progress(3, 30 * MiB, True, 2, 20 * MiB, 10.0, False))
+    (record,) = caplog.records
+    assert record.getMessage() == "progress: 2/3 files, 20 MiB of 30 MiB, 2 MiB/s"

@@ -37,13 +37,9 @@ class NotAMount(BlobmountError):
 
 
 def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1024:
+    if not (text.isdigit() and 1 <= int(text) <= 1024):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 1024")
-    return value
+    return int(text)
 
 
 def add_warm_parser(sub: Any) -> None:
@@ -173,8 +169,9 @@ def warm_mount(mountpoint: str, paths: Sequence[str], *, jobs: int, progress: bo
     Raises:
         NotAMount, WarmPathError, NoDiskCache, WarmAborted.
     """
+    from blobmount.progress import logging_around
     from blobmount.stats import fetch_stats
-    from blobmount.warm.report import logging_around, make_reporter
+    from blobmount.warm.report import BarReporter, make_reporter
     from blobmount.warm.targets import check_targets, resolve_targets
     from blobmount.warm.warmer import Warmer
 
@@ -185,7 +182,7 @@ def warm_mount(mountpoint: str, paths: Sequence[str], *, jobs: int, progress: bo
     warmer = Warmer(root, targets, lambda: fetch_stats(socket_path), jobs=jobs, progress=reporter)
     log.info("warming %s (%s mode, %d files at once)", root, warmer.result.mode, warmer.jobs)
     try:
-        with logging_around(reporter):
+        with logging_around(isinstance(reporter, BarReporter)):
             result = warmer.run()
     finally:
         if reporter is not None:

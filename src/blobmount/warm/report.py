@@ -7,16 +7,15 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from typing import IO, Any, cast
+from typing import IO, Any
 
+from blobmount.progress import ByteBar, ProgressLog, rate_text
 from blobmount.units import format_size
 from blobmount.warm.budget import Mode
 from blobmount.warm.warmer import Progress, WarmResult
 
 log = logging.getLogger(__name__)
 
-LOG_INTERVAL_S = 10.0
 SUMMARY_FAILURES = 50
 
 
@@ -26,84 +25,38 @@ def _files(p: Progress) -> str:
     return text + (", waiting for disk writes" if p.throttled else "")
 
 
-def _rate(n_bytes: float, seconds: float) -> str:
-    return f"{format_size(int(n_bytes / seconds)) if seconds > 0 else '0 B'}/s"
-
-
 class BarReporter:
     """A tqdm bar of bytes; its total grows while the tree is listed."""
 
     def __init__(self, stream: IO[str]) -> None:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-
-        self._bar: Any = tqdm(
-            total=0,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            dynamic_ncols=True,
-            file=stream,
-            desc="warm",
-        )
-        self._shown = 0
+        self._bar = ByteBar(stream, "warm")
 
     def update(self, p: Progress) -> None:
-        self._bar.total = max(p.bytes_listed, p.bytes_done)
-        self._bar.set_postfix_str(_files(p), refresh=False)
-        self._bar.update(p.bytes_done - self._shown)
-        self._shown = p.bytes_done
+        self._bar.show(p.bytes_done, p.bytes_listed, _files(p))
 
     def close(self) -> None:
         self._bar.close()
 
 
-class LogReporter:
-    """An INFO line every `interval_s`: files, bytes and the rate since the last line."""
-
-    def __init__(
-        self, interval_s: float = LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last: tuple[float, int] | None = None
-
-    def update(self, p: Progress) -> None:
-        now = self._clock()
-        if self._last is None:
-            self._last = (now, p.bytes_done)
-            return
-        t0, b0 = self._last
-        if now - t0 < self._interval_s:
-            return
-        self._last = (now, p.bytes_done)
-        total = format_size(p.bytes_listed) + ("" if p.listing_done else "+")
-        log.info(
-            "progress: %s, %s of %s, %s",
-            _files(p),
-            format_size(p.bytes_done),
-            total,
-            _rate(p.bytes_done - b0, now - t0),
-        )
-
-    def close(self) -> None:
-        pass
+def _log_line(p: Progress, bytes_per_s: float) -> str:
+    total = format_size(p.bytes_listed) + ("" if p.listing_done else "+")
+    return f"{_files(p)}, {format_size(p.bytes_done)} of {total}, {rate_text(bytes_per_s, 1)}"
 
 
-def make_reporter(enabled: bool, stream: IO[str] | None = None) -> BarReporter | LogReporter | None:
-    """A bar when `stream` (default stderr) is a terminal, log lines otherwise."""
+Reporter = BarReporter | ProgressLog[Progress]
+
+
+def make_reporter(enabled: bool, stream: IO[str] | None = None) -> Reporter | None:
+    """A bar when `stream` (default stderr) is a terminal, a log line every few seconds
+    otherwise."""
     if not enabled:
         return None
     stream = stream or sys.stderr
-    return BarReporter(stream) if stream.isatty() else LogReporter()
+    return BarReporter(stream) if stream.isatty() else log_reporter()
 
 
-def logging_around(reporter: BarReporter | LogReporter | None) -> AbstractContextManager[Any]:
-    """While a bar is drawn, log lines go through tqdm so they do not tear it."""
-    if isinstance(reporter, BarReporter):
-        from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
-
-        return cast(AbstractContextManager[Any], logging_redirect_tqdm())
-    return nullcontext()
+def log_reporter(clock: Callable[[], float] = time.monotonic) -> ProgressLog[Progress]:
+    return ProgressLog(log, lambda p: p.bytes_done, _log_line, clock=clock)
 
 
 # -- the summary -------------------------------------------------------------------------------
@@ -133,7 +86,7 @@ def summary_lines(r: WarmResult) -> list[str]:
             cached += f"; {r.found_cached} files found cached were not read again"
     lines = [
         f"warmed {r.files} files ({format_size(r.bytes)}) in {r.seconds:.1f} s "
-        f"({_rate(r.bytes, r.seconds)}); {format_size(fetched)} from storage, {cached}"
+        f"({rate_text(r.bytes, r.seconds)}); {format_size(fetched)} from storage, {cached}"
     ]
     cache = (
         f"{format_size(last.used_bytes)} of {format_size(last.capacity_bytes)}, pruning "
