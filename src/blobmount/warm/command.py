@@ -149,17 +149,21 @@ def live_mount(target: str) -> tuple[str, Path, dict[str, Any]]:
     from blobmount.stats import fetch_stats
 
     given = os.path.abspath(target)
+    problem = "nothing answers on its stats socket"
     # the daemon knows its mount point as it was given: try the path as typed, then resolved
     for candidate in dict.fromkeys([given, os.path.realpath(given)]):
         socket_path = stats_socket(Path(candidate))
         try:
             snapshot = fetch_stats(socket_path)
-        except OSError:
+        except (FileNotFoundError, ConnectionRefusedError):
+            continue
+        except OSError as exc:  # e.g. another user's mount: say so rather than "no mount"
+            problem = f"its stats socket {socket_path}: {exc.strerror or exc}"
             continue
         return str(snapshot["mountpoint"]), socket_path, snapshot
     raise NotAMount(
-        f"{target} is not a live blobmount mount (nothing answers on its stats socket); to "
-        "warm a source before mounting it, give its URI"
+        f"{target} is not a live blobmount mount ({problem}); to warm a source before "
+        "mounting it, give its URI"
     )
 
 
