@@ -8,6 +8,7 @@ import logging
 
 from blobmount.progress import ProgressLog
 from blobmount.warm.budget import CacheView
+from blobmount.warm.reading import Failure
 from blobmount.warm.report import (
     BarReporter,
     log_reporter,
@@ -15,7 +16,7 @@ from blobmount.warm.report import (
     summary_json,
     summary_lines,
 )
-from blobmount.warm.warmer import Failure, Progress, WarmResult
+from blobmount.warm.warmer import Progress, WarmResult
 from tests.unit.test_warm_budget import MiB, block_snapshot
 
 

@@ -2,7 +2,9 @@
 
 - `targets`: which files (PATHs checked to lie inside the mount, walked in a stable order);
 - `budget`: what a file will take in the cache, and whether warming it would start pruning;
-- `warmer`: the reading threads, throttled on the daemon's live stats;
+- `monitor`: the daemon's live stats, and the pause while its disk writes catch up;
+- `reading`: the reads through the mount, and the listing that runs ahead of them;
+- `warmer`: the threads together: take the next file, check it fits, hand it to a reader;
 - `report`: the progress bar or log lines, and the summary;
 - `command`: the command line, on a mount point or on a URI mounted for the occasion.
 

@@ -11,45 +11,27 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from blobmount.cachedir.layout import free_bytes
-from blobmount.errors import BlobmountError
-from blobmount.units import MiB
-from blobmount.warm.budget import DEFAULT_ALLOC_UNIT, CacheView, Ledger, Mode, Sizer, fits
-from blobmount.warm.targets import WarmFile, walk
+from blobmount.warm.budget import CacheView, Ledger, Mode, Sizer, fits
+from blobmount.warm.monitor import POLL_S, Monitor, StatsReader, WarmAborted, alloc_unit
+from blobmount.warm.reading import Failure, Walker, each_block_backwards, read_through
+from blobmount.warm.targets import WarmFile
 
 log = logging.getLogger(__name__)
 
-#: one read asks for this much (the kernel splits it into FUSE requests); per reader thread
-CHUNK = 2 * MiB
-#: inside a large file, the page cache is given back this often, not only at its end
-DROP_EVERY = 64 * MiB
-#: how often the daemon's stats are read while warming
-POLL_S = 0.1
-#: files listed ahead of the readers (the rest of the tree waits: memory stays bounded)
-WALK_AHEAD = 10_000
 #: how long the end waits for the disk writer's queue to empty
 DRAIN_TIMEOUT_S = 600.0
 DEFAULT_JOBS = 16
 
-StatsReader = Callable[[], dict[str, Any]]
-
 
 class Interrupted(BaseException):  # a BaseException, like the KeyboardInterrupt it stands for
     """Raised in the main thread by a SIGTERM handler; `args[0]` is the signal's name."""
-
-
-class WarmAborted(BlobmountError):
-    """The mount stopped answering while warming."""
 
 
 class _Stopped(Exception):
@@ -60,12 +42,6 @@ class _Room(Enum):
     FITS = 1
     CACHED = 2  # does not need the room: already on disk
     FULL = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    path: str  # relative to the mount's root
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,186 +78,6 @@ class WarmResult:
     @property
     def ok(self) -> bool:
         return not self.failures and self.interrupted is None and not self.queue_left
-
-
-# -- the daemon's figures ----------------------------------------------------------------------
-
-
-class Monitor:
-    """The daemon's stats, read on demand and every POLL_S in the background, and the gate
-    readers wait on while the disk writer's queue is more than half full (a block that meets a
-    full queue is dropped, not cached)."""
-
-    def __init__(self, read_stats: StatsReader, first: CacheView, ledger: Ledger) -> None:
-        self._read_stats = read_stats
-        self._ledger = ledger
-        self._view = first
-        self._fetch_lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="warm-monitor", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def current(self) -> tuple[CacheView, int]:
-        """The last snapshot and what warm added since, consistently."""
-        with self._state_lock:
-            return self._view, self._ledger.pending()
-
-    def refresh(self) -> tuple[CacheView, int]:
-        with self._fetch_lock:
-            mark = self._ledger.mark()  # before asking: the answer holds at least this much
-            try:
-                view = CacheView.from_snapshot(self._read_stats())
-            except OSError as exc:
-                raise WarmAborted(f"the mount stopped answering ({exc.strerror or exc})") from None
-            with self._state_lock:
-                self._ledger.settle(mark)
-                self._view = view
-            if view.mode is Mode.BLOCKS and view.queue_over_half:
-                self.gate.clear()
-            else:
-                self.gate.set()
-            return self.current()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                self.refresh()
-            except BaseException as exc:
-                self.error = exc
-                self.gate.set()  # readers must not wait for a monitor that is gone
-                return
-
-
-def alloc_unit(cache_dir: str) -> int:
-    try:
-        return free_bytes(Path(cache_dir))[1]
-    except OSError:  # not ours to look at (another user's mount): the usual unit
-        return DEFAULT_ALLOC_UNIT
-
-
-# -- reading -----------------------------------------------------------------------------------
-
-
-_buffers = threading.local()
-
-
-def read_through(
-    path: str,
-    on_progress: Callable[[int], None],
-    wait_turn: Callable[[], None],
-    open_only: bool = False,
-) -> int:
-    """Read the file at `path` to its end in large reads, giving its pages back to the kernel
-    as it goes (warming must not fill the page cache). Returns the bytes read.
-
-    `open_only` (whole-file mode): opening is what downloads the file into the cache, so
-    reading it again would only copy it from the local disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if open_only:
-            size = os.fstat(fd).st_size
-            on_progress(size)
-            return size
-        buf = getattr(_buffers, "buf", None)
-        if buf is None:
-            buf = _buffers.buf = bytearray(CHUNK)
-        done = dropped = 0
-        while True:
-            wait_turn()
-            n = os.readv(fd, [buf])
-            if n == 0:
-                break
-            done += n
-            on_progress(done)
-            if done - dropped >= DROP_EVERY:
-                os.posix_fadvise(fd, dropped, done - dropped, os.POSIX_FADV_DONTNEED)
-                dropped = done
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return done
-    finally:
-        os.close(fd)
-
-
-def each_block_backwards(path: str, block_size: int) -> Iterator[int]:
-    """Read one byte at the start of each block of the file at `path`, last block first;
-    yields after each read. The page cache is dropped first, so each read reaches the mount."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        blocks = -(-os.fstat(fd).st_size // block_size)
-        for index in reversed(range(blocks)):
-            os.pread(fd, 1, index * block_size)
-            yield index
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-# -- the walk ----------------------------------------------------------------------------------
-
-
-class Walker:
-    """Lists the files under the targets in a thread, a bounded distance ahead of the readers."""
-
-    def __init__(self, root: str, targets: Sequence[str], stop: threading.Event) -> None:
-        self._root, self._targets, self._stop = root, targets, stop
-        self._queue: queue.Queue[WarmFile | None] = queue.Queue(maxsize=WALK_AHEAD)
-        self.files = 0
-        self.bytes = 0
-        self.done = False
-        self.errors: list[Failure] = []
-        self._thread = threading.Thread(target=self._run, name="warm-walk", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _on_error(self, rel: str, exc: OSError) -> None:
-        self.errors.append(Failure(rel, f"cannot list: {exc.strerror or exc}"))
-
-    def _put(self, item: WarmFile | None) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            for item in walk(self._root, self._targets, self._on_error):
-                self.files += 1
-                self.bytes += item.size
-                if not self._put(item):
-                    return
-        except Exception as exc:  # not a listing error (those are in `errors`): a bug
-            log.exception("listing the files to warm failed")
-            self.errors.append(Failure(".", f"listing stopped: {exc}"))
-        finally:
-            self.done = True
-            self._put(None)
-
-    def items(self, check: Callable[[], None]) -> Iterator[WarmFile]:
-        """The files listed, in order; `check` runs while waiting for the next."""
-        while True:
-            try:
-                item = self._queue.get(timeout=POLL_S)
-            except queue.Empty:
-                check()
-                continue
-            if item is None:
-                return
-            yield item
 
 
 # -- the warm ----------------------------------------------------------------------------------
