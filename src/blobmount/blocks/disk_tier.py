@@ -237,6 +237,7 @@ def disk_tier_config(settings: Settings) -> DiskTierConfig:
 @dataclass(frozen=True, slots=True)
 class DiskTierStats:
     cache_dir: str
+    block_size: int  # blocks are cached per block size (`blobmount warm` sizes files with it)
     hits: int
     hit_bytes: int
     misses: int
@@ -369,6 +370,7 @@ class BlockDiskTier:
     def statistics(self) -> DiskTierStats:
         return DiskTierStats(
             cache_dir=str(self.layout.root),
+            block_size=self.config.block_size,
             hits=self._hits,
             hit_bytes=self._hit_bytes,
             misses=self._misses,
