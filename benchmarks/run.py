@@ -41,7 +41,6 @@ from scenarios.systems import (  # noqa: E402
     ResourceMeter,
     System,
     SystemResult,
-    default_systems,
     drop_kernel_caches,
     run_ceiling_plan,
 )
@@ -146,7 +145,7 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
         return
     systems: list[System] = [
         s
-        for s in default_systems(scenario, workload)
+        for s in scenario.systems(workload)
         if s.applies_to(workload) and (only_systems is None or s.name in only_systems)
     ]
     results = {

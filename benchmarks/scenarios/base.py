@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from scenarios.datasets import Datasets, Store
+    from scenarios.systems import System
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,14 @@ def whole_blob_ceilings(blob: str, etag: str, size: int) -> dict[str, CeilingPla
             "(the mount's default READ_THREADS on 2 cores)",
         ),
     }
+
+    def systems(self, workload: Workload) -> list[System]:
+        """What runs this scenario, in report order: ceilings, blobmount and its variants, and
+        the rclone mounts. A scenario that is not about a mount says otherwise."""
+        # imported here: the systems import this module
+        from scenarios.lineup import default_systems
+
+        return default_systems(self, workload)
 
 
 def seed_block_settings(**extra: str) -> dict[str, str]:

@@ -5,7 +5,8 @@
   ceiling plans are diagnostics.
 - `BlobmountSystem`: a fresh `blobmount mount --foreground` daemon with the scenario's
   DATASET_MOUNT_* settings and a fresh cache dir, read by reader threads in this process.
-  Later systems (rclone, other mount modes) subclass `MountSystem`.
+  Other mounts (`scenarios/rclone.py`) subclass `MountSystem`; `scenarios/lineup.py` says which
+  systems run a scenario.
 
 Before every run the kernel's caches are dropped (when permitted) and every mount is new, so no
 run is served from an earlier one's pages or cache files.
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 MOUNT_READY_TIMEOUT_S = 60.0
 UNMOUNT_WAIT_S = 30.0
 #: the settings and credentials a mount must not inherit from the caller's environment
-_FOREIGN_ENV = ("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")
+FOREIGN_ENV = ("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")
 
 
 # -- the run's shared state --------------------------------------------------------------------
@@ -726,7 +727,7 @@ class BlobmountSystem(MountSystem):
         return {**scenario.mount_env, **self.extra_env}
 
     def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
         env.update(self.settings(scenario))
         env["AZURE_STORAGE_CONNECTION_STRING"] = store.az.connection_string
         env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
@@ -764,12 +765,3 @@ class BlobmountSystem(MountSystem):
             return None
         stats: dict[str, Any] = json.loads(done.stdout)
         return stats
-
-
-def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
-    """Ceilings first (reference, then diagnostics), then the mount, then its variants."""
-    return [
-        *(CeilingSystem(name) for name in workload.ceilings),
-        BlobmountSystem(),
-        *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
-    ]
