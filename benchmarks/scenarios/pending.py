@@ -10,18 +10,6 @@ from scenarios import register
 from scenarios.base import PendingScenario
 
 
-class MultiEpoch(PendingScenario):
-    name = "multi-epoch"
-    number = 4
-    title = "Many small files read over several epochs (25% random sample per epoch)"
-    mount_env = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true"}
-    settings_note = "seed: block cache on, other settings default (disk cache on)"
-    todo = (
-        "needs the disk tier (blocks/disk_tier.py, being built): later epochs are served from "
-        "the disk cache; report first epoch, last epoch and total, as the seed's table does"
-    )
-
-
 class Listing(PendingScenario):
     name = "listing"
     number = 6
@@ -42,6 +30,5 @@ class Download(PendingScenario):
     )
 
 
-register(MultiEpoch())
 register(Listing())
 register(Download())

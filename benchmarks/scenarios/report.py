@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from scenarios.base import GiB, Scenario
+from scenarios.base import GiB, Phase, Scenario
 from scenarios.systems import SystemResult
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ class ScenarioReport:
     scenario: Scenario
     systems: list[SystemResult] = field(default_factory=list)
     error: str | None = None
+    #: the mount plan's phases, when it has them (multi-epoch)
+    phases: tuple[Phase, ...] = ()
 
     def ceiling_seconds(self) -> float | None:
         for result in self.systems:
@@ -49,6 +51,7 @@ class ScenarioReport:
             "settings_note": s.settings_note,
             "todo": s.todo,
             "error": self.error,
+            "phases": [p.name for p in self.phases],
             "systems": [r.as_json() for r in self.systems],
         }
 
@@ -284,6 +287,61 @@ def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | No
     )
 
 
+#: issue #9 compares the multi-epoch total with rclone's full cache mode
+PEER = "rclone-full"
+
+
+def _phase_table(sr: ScenarioReport) -> list[str]:
+    """Per-phase times of a scenario with phases: each phase outside the total (the listing),
+    the first and last phases of the total, the total, first/last, and what was fetched."""
+    apart = [p.name for p in sr.phases if not p.in_total]
+    counted = [p.name for p in sr.phases if p.in_total]
+    if not counted:
+        return []
+    first, last = counted[0], counted[-1]
+    totals = {r.system: r.median.seconds for r in sr.systems if r.median and r.median.phases}
+    ceiling_s, peer_s = totals.get("ceiling"), totals.get(PEER)
+    lines = [
+        f"**{sr.scenario.number}. {sr.scenario.name}, phase by phase** (median run; caches "
+        "dropped before each phase):",
+        "",
+        "| system | "
+        + "".join(f"{name} (s) | " for name in apart)
+        + f"first: {first} (s) | last: {last} (s) | total (s) | first / last | "
+        f"total vs ceiling | total vs {PEER} | fetched first / last phase |",
+        "|---|" + "---:|" * (len(apart) + 6) + "---|",
+    ]
+    for result in sr.systems:
+        run = result.median
+        if run is None or not run.phases:
+            continue
+        times = run.phases
+        fetched = [run.phase_storage.get(name, {}) for name in (first, last)]
+        if all("range_bytes" in f for f in fetched):
+            traffic = " / ".join(
+                f"{f['range_bytes'] / MB:,.1f} MB"
+                + (f" ({f['range_requests']:,} GET)" if "range_requests" in f else "")
+                for f in fetched
+            )
+        else:
+            traffic = "-"
+        lines.append(
+            f"| {result.system} | "
+            + "".join(f"{times[name]:.2f} | " for name in apart)
+            + f"{times[first]:.2f} | {times[last]:.2f} | {run.seconds:.2f} | "
+            f"{times[first] / times[last]:.2f} | "
+            + (f"{ceiling_s / run.seconds:.2f} | " if ceiling_s else "- | ")
+            + (f"{peer_s / run.seconds:.2f} | " if peer_s else "- | ")
+            + f"{traffic} |"
+        )
+    every = ", ".join(
+        f"{r.system} " + " ".join(f"{r.median.phases[n]:.2f}" for n in counted)
+        for r in sr.systems
+        if r.median and r.median.phases
+    )
+    return [*lines, "", f"Every phase of the total, in seconds: {every}.", ""]
+
+
 HEADER = (
     "| # | scenario | system | time (s) | throughput | vs ceiling | client CPU s/GiB | "
     "peak RSS | fetched / requested | storage requests | Azurite CPU | other CPU | verified |\n"
@@ -341,7 +399,10 @@ def to_markdown(report: RunReport) -> str:
             continue
         ceiling_s = sr.ceiling_seconds()
         lines.extend(_row(s.number, s.name, r, ceiling_s) for r in sr.systems)
-    lines += ["", LEGEND, "", "## Scenarios and systems", ""]
+    lines.append("")
+    for sr in report.scenarios:
+        lines.extend(_phase_table(sr))
+    lines += [LEGEND, "", "## Scenarios and systems", ""]
     for sr in report.scenarios:
         s = sr.scenario
         lines.append(f"**{s.number}. {s.name}**: {s.title}.")
