@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     report.notes.append(
         f"sizes: large file {profile.large_file_bytes >> 20} MiB, "
         f"{profile.small_file_count:,} small files, {profile.seek_chunks:,} seek chunks, "
-        f"{profile.epochs} epochs"
+        f"{profile.epochs} epochs, {profile.medium_file_count} medium files"
     )
     out_dir: Path = args.out.resolve()
     datasets = Datasets(profile)

@@ -46,6 +46,8 @@ class Profile:
     seek_chunks: int
     #: multi-epoch: epochs on one mount (the seed runs 10)
     epochs: int
+    #: download: files of MEDIUM_FILE_BYTES (the seed's "100 x 1GB" next to "1 x 100GB")
+    medium_file_count: int
 
 
 #: sized for a 2-core, 24 GiB machine: the full run stays within ~15 minutes. Issue #9 suggested
@@ -53,10 +55,20 @@ class Profile:
 #: 20,000 against 1.3 ms at 1,000), so at 20,000 the scenario measures Azurite's lookups, not the
 #: mount, and takes over 15 minutes alone. `--small-files 20000` still runs it.
 FULL = Profile(
-    "full", large_file_bytes=2 * GiB, small_file_count=10_000, seek_chunks=1_000, epochs=10
+    "full",
+    large_file_bytes=2 * GiB,
+    small_file_count=10_000,
+    seek_chunks=1_000,
+    epochs=10,
+    medium_file_count=128,
 )
 QUICK = Profile(
-    "quick", large_file_bytes=512 * MiB, small_file_count=4_000, seek_chunks=300, epochs=4
+    "quick",
+    large_file_bytes=512 * MiB,
+    small_file_count=4_000,
+    seek_chunks=300,
+    epochs=4,
+    medium_file_count=32,
 )
 
 

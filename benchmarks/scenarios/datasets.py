@@ -45,6 +45,8 @@ LARGE_BLOB = "large/large.bin"
 SMALL_FILES_PER_FOLDER = 1_000
 SMALL_MIN_BYTES = 20_000
 SMALL_MAX_BYTES = 30_000  # ~25 KB on average, as in the seed's small-file tests
+#: one download part (the downloader's default part size) each
+MEDIUM_FILE_BYTES = 8 * 1024 * 1024
 UPLOAD_THREADS = 8
 UPLOAD_TIMEOUT_S = 900.0
 
@@ -185,6 +187,7 @@ class Datasets:
         self._servers: list[AzuriteServer] = []
         self._large: LargeFile | None = None
         self._small: ManyFiles | None = None
+        self._medium: ManyFiles | None = None
         #: how each dataset was made (sizes, seconds), for the report
         self.built: list[dict[str, Any]] = []
 
@@ -242,6 +245,14 @@ class Datasets:
             names = [f"d{i // SMALL_FILES_PER_FOLDER:03d}/f{i:06d}.bin" for i in range(count)]
             self._small = self._many("small", names, sizes)
         return self._small
+
+    def medium(self) -> ManyFiles:
+        """The medium files (8 MiB each; 128 full, 32 quick) in one folder."""
+        if self._medium is None:
+            count = self.profile.medium_file_count
+            names = [f"medium/m{i:04d}.bin" for i in range(count)]
+            self._medium = self._many("medium", names, [MEDIUM_FILE_BYTES] * count)
+        return self._medium
 
     def _many(self, dataset: str, names: list[str], sizes: list[int]) -> ManyFiles:
         """Generate files of these names and sizes and upload them to a store of their own."""

@@ -20,15 +20,4 @@ class Listing(PendingScenario):
     )
 
 
-class Download(PendingScenario):
-    name = "download"
-    number = 7
-    title = "Download mode: the whole dataset copied to local disk"
-    todo = (
-        "download mode has its own benchmark for now (benchmarks/download_bench.py: ceiling, "
-        "download, local-only); fold it in here as a Scenario with a download System"
-    )
-
-
 register(Listing())
-register(Download())

@@ -147,7 +147,7 @@ class ResourceMeter:
         return out
 
 
-def _proc_status_kib(pid: int, key: str) -> int | None:
+def proc_status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -755,7 +755,7 @@ class MountSystem(System):
         spy: PySpy | None = None
         with daemon:
             before = self.stats(daemon)
-            rss_mounted = _proc_status_kib(daemon.pid, "VmRSS")
+            rss_mounted = proc_status_kib(daemon.pid, "VmRSS")
             meter = ResourceMeter(
                 {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid}
             )
@@ -770,7 +770,7 @@ class MountSystem(System):
                 if spy is not None:
                     spy.stop()
             after = timed.stats_after if workload.mount.phases else self.stats(daemon)
-            hwm = _proc_status_kib(daemon.pid, "VmHWM")
+            hwm = proc_status_kib(daemon.pid, "VmHWM")
         mismatch = timed.listing_mismatch or verify_mount_reads(
             workload.mount, buf, workload.source
         )
