@@ -355,9 +355,14 @@ How to read this (docs/BENCHMARKING.md has the details):
   with the same `AzureStorageClient` at high concurrency into memory; 0.50 is half as fast.
   `ceiling-2MiB` is a diagnostic: the ceiling done with the mount's own request shape;
   `blobmount-8MiB` is a diagnostic: the mount with 8 MiB blocks (same read-ahead bytes).
-- **client CPU s/GiB**: CPU seconds of the process that moved the data per GiB read (the blobmount
-  daemon; for ceilings, the harness process running the client).
-- **peak RSS**: the daemon's VmHWM (a fresh daemon per run).
+  The ceiling is this Python client's best, not the backend's: rclone's Go client can beat it.
+- **rclone-off / rclone-full**: `rclone mount` of the same container with `--vfs-cache-mode off`
+  or `full`, other options default, measured as blobmount is (fetched bytes from its `core/stats`).
+- **download** rows: `blobmount download` in a subprocess, timed by its own `elapsed_s` (listing
+  to data on disk); `download-local` is its local side alone (from an in-memory store).
+- **client CPU s/GiB**: CPU seconds of the process that moved the data per GiB read (the mount's
+  daemon, the download process; for ceilings, the harness process running the client).
+- **peak RSS**: the daemon's (download process') VmHWM (a fresh one per run).
 - **fetched / requested**: bytes GET from storage (`blobmount stats --json`: storage.range_bytes)
   over bytes the readers asked for; above 1 is read-ahead or block rounding that was not used.
 - **Azurite CPU / other CPU**: average cores used during the timed part by Azurite, and by
