@@ -10,18 +10,6 @@ from scenarios import register
 from scenarios.base import PendingScenario
 
 
-class MultiEpoch(PendingScenario):
-    name = "multi-epoch"
-    number = 4
-    title = "Many small files read over several epochs (25% random sample per epoch)"
-    mount_env = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true"}
-    settings_note = "seed: block cache on, other settings default (disk cache on)"
-    todo = (
-        "needs the disk tier (blocks/disk_tier.py, being built): later epochs are served from "
-        "the disk cache; report first epoch, last epoch and total, as the seed's table does"
-    )
-
-
 class Listing(PendingScenario):
     name = "listing"
     number = 6
@@ -32,16 +20,4 @@ class Listing(PendingScenario):
     )
 
 
-class Download(PendingScenario):
-    name = "download"
-    number = 7
-    title = "Download mode: the whole dataset copied to local disk"
-    todo = (
-        "download mode has its own benchmark for now (benchmarks/download_bench.py: ceiling, "
-        "download, local-only); fold it in here as a Scenario with a download System"
-    )
-
-
-register(MultiEpoch())
 register(Listing())
-register(Download())

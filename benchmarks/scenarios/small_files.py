@@ -7,6 +7,8 @@ so no listing is timed; each open still looks the name up through the mount.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from scenarios import register
 from scenarios.base import (
     CeilingPlan,
@@ -19,11 +21,25 @@ from scenarios.base import (
     Workload,
     seed_block_settings,
 )
-from scenarios.datasets import Datasets
+from scenarios.datasets import Datasets, ManyFiles
 
 THREADS = 16
 #: the ceiling's GETs in flight; more did not help against Azurite here (it is the bottleneck)
 CEILING_CONCURRENCY = 32
+
+
+def whole_files(
+    files: ManyFiles, indices: Iterable[int], dest: int
+) -> tuple[tuple[FileJob, ...], tuple[RangeGet, ...]]:
+    """Each file of `indices` read whole, once: an open, one read, a close through a mount, and
+    one GET for a ceiling; their bytes follow one another in the result buffer from `dest`."""
+    jobs, gets = [], []
+    for i in indices:
+        name, size = files.names[i], files.sizes[i]
+        jobs.append(FileJob(name, (Read(0, size, dest),)))
+        gets.append(RangeGet(name, files.etags[i], 0, size, dest))
+        dest += size
+    return tuple(jobs), tuple(gets)
 
 
 class SmallFiles(Scenario):
@@ -35,24 +51,20 @@ class SmallFiles(Scenario):
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
-        files = zip(small.names, small.sizes, small.offsets, small.etags, strict=True)
-        jobs, gets = [], []
-        for name, size, offset, etag in files:
-            jobs.append(FileJob(name, (Read(0, size, offset),)))
-            gets.append(RangeGet(name, etag, 0, size, offset))
+        jobs, gets = whole_files(small, range(len(small.names)), 0)
         return Workload(
             store=small.store,
             requested_bytes=small.total_bytes,
             files=len(jobs),
             source=small.source,
             mount=MountPlan(
-                tuple(jobs),
+                jobs,
                 THREADS,
                 f"{THREADS} threads take files from one queue: open, one read, close",
             ),
             ceilings={
                 "ceiling": CeilingPlan(
-                    (tuple(gets),),
+                    (gets,),
                     CEILING_CONCURRENCY,
                     f"AzureStorageClient, one GET per file (names and ETags known), "
                     f"{CEILING_CONCURRENCY} at once, into memory",

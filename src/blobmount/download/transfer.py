@@ -12,8 +12,9 @@ the files. A slot is taken *before* a part's task is started, so a 1 TB blob doe
 
 Why 8 MiB parts: a part has a fixed cost (one HTTP request, its first-byte latency, a
 thread hop for the write). At 8 MiB that cost is a few percent of the transfer time even on a
-fast link, while 64 transfers hold at most 512 MiB; the benchmark (benchmarks/download_bench.py)
-compares part sizes. It is also azcopy's default block size for downloads.
+fast link, while 64 transfers hold at most 512 MiB; the benchmark (benchmarks/run.py, scenario
+7: download vs download-16MiB) compares part sizes. It is also azcopy's default block size for
+downloads.
 """
 
 from __future__ import annotations
