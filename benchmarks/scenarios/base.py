@@ -197,6 +197,8 @@ class Scenario(ABC):
     settings_note: ClassVar[str] = ""
     #: diagnostic mounts: system name -> settings applied on top of `mount_env`
     mount_variants: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    #: mounts whose readers hint their order: system name -> hint window (files ahead)
+    hinted_variants: ClassVar[Mapping[str, int]] = {}
     #: set for a slot that is not built yet: why, and what it waits for
     todo: ClassVar[str | None] = None
 

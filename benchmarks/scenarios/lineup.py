@@ -16,5 +16,6 @@ def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
         *(CeilingSystem(name) for name in workload.ceilings),
         BlobmountSystem(),
         *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
+        *(BlobmountSystem(name, hint_window=w) for name, w in scenario.hinted_variants.items()),
         *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),
     ]

@@ -48,6 +48,7 @@ class SmallFiles(Scenario):
     title = f"Many small files (~25 KB), each read once by {THREADS} threads"
     mount_env = seed_block_settings()
     settings_note = "seed: disk cache off, memory cache 0 (block cache on)"
+    threads = THREADS
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
@@ -59,8 +60,8 @@ class SmallFiles(Scenario):
             source=small.source,
             mount=MountPlan(
                 jobs,
-                THREADS,
-                f"{THREADS} threads take files from one queue: open, one read, close",
+                self.threads,
+                f"{self.threads} threads take files from one queue: open, one read, close",
             ),
             ceilings={
                 "ceiling": CeilingPlan(
@@ -73,4 +74,20 @@ class SmallFiles(Scenario):
         )
 
 
+class SmallFilesHinted(SmallFiles):
+    """Issue #11: a reader with little parallelism of its own, with and without telling the
+    mount its order. Without hints it is limited by its 4 threads; with them the mount fetches
+    ahead across files (DATASET_MOUNT_HINT_THREADS at once)."""
+
+    name = "small-files-hinted"
+    title = "Many small files (~25 KB), read once by 4 threads, with and without read-order hints"
+    settings_note = (
+        "seed: disk cache off, memory cache 0 (block cache on); blobmount-hints: the readers' "
+        "order hinted 512 files ahead, hint settings default"
+    )
+    threads = 4
+    hinted_variants = {"blobmount-hints": 512}
+
+
 register(SmallFiles())
+register(SmallFilesHinted())

@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import shutil
 import signal
 import statistics
@@ -673,21 +672,43 @@ def _in_threads(
         raise errors[0]
 
 
+@dataclass(frozen=True, slots=True)
+class HintSource:
+    """Read-order hints for a mount run: how far ahead, and the daemon's environment (which
+    says where its hint socket is)."""
+
+    window: int
+    environ: Mapping[str, str]
+
+    def wrap(self, jobs: Iterator[FileJob], path_of: Callable[[FileJob], str]) -> Iterator[FileJob]:
+        from blobmount.hints.client import hinted
+
+        return hinted(jobs, window=self.window, path_of=path_of, environ=self.environ)
+
+
 def read_through_mount(
-    root: Path, jobs: Sequence[FileJob], threads: int, buf: bytearray, timeout_s: float
+    root: Path,
+    jobs: Sequence[FileJob],
+    threads: int,
+    buf: bytearray,
+    timeout_s: float,
+    hints: HintSource | None = None,
 ) -> None:
-    """Run `jobs` on `threads` reader threads; every read goes into `buf` at its dest."""
+    """Run `jobs` on `threads` reader threads; every read goes into `buf` at its dest. With
+    `hints`, the jobs' paths are hinted to the mount a window ahead of the readers, in the order
+    the readers take them (what `blobmount.hints.client.HintedSampler` does for a data loader)."""
     view = memoryview(buf)
-    todo: queue.SimpleQueue[FileJob] = queue.SimpleQueue()
-    for job in jobs:
-        todo.put(job)
     base = str(root)
+    source: Iterator[FileJob] = iter(jobs)
+    if hints is not None:
+        source = hints.wrap(source, lambda job: f"{base}/{job.blob}")
+    taking = threading.Lock()
 
     def reader(stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                job = todo.get_nowait()
-            except queue.Empty:
+            with taking:
+                job = next(source, None)
+            if job is None:
                 return
             fd = os.open(f"{base}/{job.blob}", os.O_RDONLY)
             try:
@@ -741,6 +762,10 @@ class MountSystem(System):
 
     def stats(self, daemon: MountedDaemon) -> dict[str, Any] | None:
         """The daemon's counters, or None if it has none."""
+        return None
+
+    def hints(self, daemon: MountedDaemon) -> HintSource | None:
+        """Read-order hints the readers send this mount (None: none)."""
         return None
 
     def describe(self, workload: Workload) -> str:
@@ -820,7 +845,12 @@ class MountSystem(System):
             try:
                 if phase.listing is None:
                     read_through_mount(
-                        daemon.mountpoint, jobs, plan.threads, buf, deadline - time.monotonic()
+                        daemon.mountpoint,
+                        jobs,
+                        plan.threads,
+                        buf,
+                        deadline - time.monotonic(),
+                        self.hints(daemon),
                     )
                 else:
                     found = walk_mount(daemon.mountpoint, deadline - time.monotonic())
@@ -857,14 +887,28 @@ class BlobmountSystem(MountSystem):
     """`blobmount mount --foreground`, fresh, with the scenario's seed-recommended settings
     (and, for a diagnostic variant, `extra_env` on top)."""
 
-    def __init__(self, name: str = "blobmount", extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "blobmount",
+        extra_env: Mapping[str, str] | None = None,
+        hint_window: int = 0,
+    ) -> None:
         self.name = name
         self.extra_env = dict(extra_env or {})
+        self.hint_window = hint_window
         self.kind = "diagnostic" if extra_env else "mount"
         self.description = "blobmount mount (block mode), fresh daemon and cache dir"
         if extra_env:
             changed = " ".join(f"{k}={v}" for k, v in self.extra_env.items())
             self.description = f"diagnostic: {self.description}, with {changed}"
+        if hint_window:
+            self.description += (
+                f"; the readers' order hinted {hint_window} files ahead "
+                "(blobmount.hints.client.hinted)"
+            )
+
+    def hints(self, daemon: MountedDaemon) -> HintSource | None:
+        return HintSource(self.hint_window, daemon.env) if self.hint_window else None
 
     def settings(self, scenario: Scenario) -> dict[str, str]:
         return {**scenario.mount_env, **self.extra_env}

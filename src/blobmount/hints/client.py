@@ -26,7 +26,7 @@ import os
 import re
 import socket
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -59,7 +59,9 @@ def blobmount_mounts(mountinfo: str = _MOUNTINFO) -> list[str]:
 class HintChannel:
     """One ordered stream of hints to the mounts the paths are on (one connection per mount)."""
 
-    def __init__(self) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        """`environ`: the daemons' environment, if not ours (it says where their sockets are)."""
+        self._environ = environ
         self._mounts = blobmount_mounts()
         self._sockets: dict[str, socket.socket | None] = {}
         self._warned = False
@@ -95,7 +97,7 @@ class HintChannel:
         if mount not in self._sockets:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.connect(os.fspath(hints_socket(Path(mount))))
+                sock.connect(os.fspath(hints_socket(Path(mount), self._environ)))
             except OSError as exc:
                 sock.close()
                 self._warn(f"cannot send hints to the mount at {mount} ({exc})")
@@ -127,6 +129,7 @@ def hinted(
     *,
     window: int = DEFAULT_WINDOW,
     path_of: Callable[[T], str | os.PathLike[str]] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Iterator[T]:
     """Yield `items` in order, hinting the paths of the next `window` of them to the mount.
     `path_of` maps an item to its path (default: the item is the path)."""
@@ -135,7 +138,7 @@ def hinted(
     to_path: Callable[[T], str | os.PathLike[str]] = path_of or _as_path
     source = iter(items)
     ahead: deque[T] = deque()
-    with HintChannel() as channel:
+    with HintChannel(environ) as channel:
         while True:
             new: list[str | os.PathLike[str]] = []
             while len(ahead) < window:
