@@ -116,6 +116,24 @@ SIMPLE: tuple[tuple[str, str, str, str], ...] = (
         "disk.writer.max_queue_bytes",
     ),
     ("counter", "disk_blocks_written", "Blocks written to the disk tier", "disk.writer.written"),
+    # read-order hints
+    ("counter", "hints_received", "Read-order hints received", "hints.received"),
+    ("counter", "hints_used", "Hinted files opened after their fetch started", "hints.used"),
+    ("counter", "hints_late", "Hints the reader overtook", "hints.late"),
+    ("counter", "hints_wasted", "Files fetched for hints and never opened", "hints.wasted"),
+    ("gauge", "hints_ahead_files", "Hinted files fetched ahead, not opened yet", "hints.ahead"),
+    (
+        "gauge",
+        "hinted_bytes",
+        "Bytes of hinted blocks held for their readers",
+        "blocks.hinted.held_bytes",
+    ),
+    (
+        "counter",
+        "hinted_dropped_bytes",
+        "Bytes fetched for hints and never read",
+        "blocks.hinted.dropped_bytes",
+    ),
     # whole-file mode
     (
         "counter",

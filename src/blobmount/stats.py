@@ -118,6 +118,7 @@ def format_stats(s: Snapshot) -> str:
         f"{format_size(ram['capacity_bytes'])} ({ram['entries']} blocks)",
         _disk_line(s.get("disk")),
         *_whole_file_lines(s.get("whole_file")),
+        *_hint_lines(s.get("hints"), blocks.get("hinted")),
         f"waiting on storage {blocks['storage_waits']} reads, "
         f"{blocks['storage_wait_s']:.2f}s total; {fetcher['in_flight']} fetches in flight",
         f"open files        {s['open_files']}, inodes {s['inodes']}",
@@ -158,3 +159,18 @@ def _whole_file_lines(whole: dict[str, Any] | None) -> list[str]:
         f"({format_size(whole['downloaded_bytes'])}), {whole['fallbacks']} streamed, "
         f"{whole['failed_downloads']} failed, {whole['corrupt']} corrupt"
     ]
+
+
+def _hint_lines(hints: dict[str, Any] | None, store: dict[str, Any] | None) -> list[str]:
+    if not hints or not hints["received"]:
+        return []  # no job has sent hints
+    line = (
+        f"hints             {hints['received']} received, {hints['used']} used, "
+        f"{hints['late']} late, {hints['wasted']} wasted, {hints['invalid']} invalid; "
+        f"{hints['ahead']} files ahead, {hints['queued']} queued, {hints['streams']} streams"
+    )
+    if store:
+        line += (
+            f"; holding {format_size(store['held_bytes'])} of {format_size(store['limit_bytes'])}"
+        )
+    return [line]

@@ -166,3 +166,19 @@ def test_paths_outside_the_mount_are_ignored_by_the_helper(dataset, mount_factor
     items = [outside, daemon.mountpoint / name_of(3)]
     assert [p.name for p in hinted(items, window=8)] == ["elsewhere.txt", name_of(3).split("/")[-1]]
     assert wait_for(lambda: stats(daemon)["hints"]["received"] == 1)
+
+
+def test_a_client_may_send_its_whole_order_and_go(dataset, mount_factory):
+    daemon = mount_factory(dataset, env=ONE_PASS)
+    mnt = daemon.mountpoint
+    order = list(range(300))
+    random.Random(3).shuffle(order)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(hints_socket(mnt)))
+        sock.sendall(b"".join(f"{mnt}/{name_of(i)}\n".encode() for i in order))
+    assert wait_for(lambda: stats(daemon)["hints"]["received"] == 300)
+    for i in order:
+        read_check(mnt / name_of(i), i)
+    h = stats(daemon)["hints"]
+    assert h["used"] >= 0.9 * 300, h
+    assert h["invalid"] == 0

@@ -15,8 +15,9 @@ sampler in the training process, or one data-loader worker). For each stream:
   still queued up to that one are dropped (*late*: the job got there first, fetching them now
   would only duplicate its reads), and fetched files more than `REORDER_SLACK` hints behind it
   are given up (*wasted*): data loaders read a little out of order, not far out of order.
-- When a stream's connection closes, its queued hints go; files already ahead stay for
-  `GRACE_S` for the job to open them, then are given up.
+- When a stream's connection closes (a client may send a whole epoch and go), its hints are
+  still acted on, until the job has opened none of its files for `GRACE_S`; then the rest is
+  given up.
 
 Hints are advisory: a wrong or stale hint costs bandwidth and hinted-store memory (both bounded),
 never a wrong byte, because reads always go through the block manager with the version the
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 #: hints behind the newest opened one that may still be opened (data-loader reordering)
 REORDER_SLACK = 64
-#: how long files ahead of a closed stream wait to be opened
+#: how long a closed stream's files may go unopened before the rest of it is given up
 GRACE_S = 30.0
 
 
@@ -163,9 +164,8 @@ class HintCoordinator:
         self._invalid += 1
 
     def close_stream(self, stream: HintStream) -> None:
+        """The client is gone; what it sent is still acted on (see `run_stream`)."""
         stream.closed = True
-        while stream.queue:
-            self._forget(stream.queue.popleft())
         stream.wake()
 
     def room_freed(self) -> None:
@@ -209,23 +209,30 @@ class HintCoordinator:
     # -- the stream's task -----------------------------------------------------------------
 
     async def run_stream(self, stream: HintStream) -> None:
-        """Act on the stream's hints until it is closed and nothing of it is left ahead."""
+        """Act on the stream's hints. After its connection closes, the hints it sent are still
+        acted on; once the job opens nothing of it for `GRACE_S`, what is left is given up."""
         try:
-            while not stream.closed or stream.queue:
-                if not stream.queue or len(stream.ahead) >= self.config.window:
-                    await stream.wait()
+            while stream.queue or stream.ahead or not stream.closed:
+                if not stream.closed:
+                    await self._step(stream)
                     continue
-                hint = stream.queue[0]
-                if not await self._start(hint):
-                    await stream.wait()  # no room in the hinted store: wait for some
-            # the connection is gone: give the job a while to open what is ahead
-            with trio.move_on_after(GRACE_S):
-                while stream.ahead:
-                    await stream.wait()
+                with trio.move_on_after(GRACE_S) as idle:
+                    await self._step(stream)
+                if idle.cancelled_caught:
+                    break
         finally:
             for hint in list(stream.ahead.values()):
                 self._give_up(hint)
+            while stream.queue:
+                self._forget(stream.queue.popleft())
             self._streams.pop(stream.number, None)
+
+    async def _step(self, stream: HintStream) -> None:
+        """Start the next hint, or wait for something to change."""
+        if not stream.queue or len(stream.ahead) >= self.config.window:
+            await stream.wait()
+        elif not await self._start(stream.queue[0]):
+            await stream.wait()  # no room in the hinted store: wait for some
 
     async def _start(self, hint: _Hint) -> bool:
         """Fetch the hint at the head of its queue; False if the store has no room yet."""
