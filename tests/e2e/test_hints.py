@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from blobmount.hints.client import HintChannel, hinted
-from blobmount.runstate import hints_socket, stats_socket
-from blobmount.stats import fetch_stats
+from blobmount.runstate import hints_socket
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.mount import daemon_stats as stats
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -34,17 +34,6 @@ def size_of(i: int) -> int:
 
 def name_of(i: int) -> str:
     return f"img/{i // 500:02d}/{i:05d}.jpg"
-
-
-def stats(daemon) -> dict:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return fetch_stats(stats_socket(daemon.mountpoint))
-        except (ConnectionRefusedError, FileNotFoundError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def wait_for(predicate, timeout_s: float = 30.0) -> bool:

@@ -13,16 +13,15 @@ import random
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
-from blobmount.runstate import stats_socket
-from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.fault_proxy import server_error
+from tests.helpers.mount import daemon_stats as stats
+from tests.helpers.sqlite_db import sqlite_bytes
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -32,35 +31,13 @@ PART = 8 * MiB  # whole-file downloads use 8 MiB ranged GETs
 WHOLE = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}
 
 
-def stats(daemon) -> dict:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return fetch_stats(stats_socket(daemon.mountpoint))
-        except (ConnectionRefusedError, FileNotFoundError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def _sqlite_bytes(tmp_path) -> bytes:
-    path = tmp_path / "src.db"
-    con = sqlite3.connect(path)
-    con.execute("create table t (id integer primary key, v text)")
-    con.executemany("insert into t values (?, ?)", [(i, f"row-{i}" * 30) for i in range(50_000)])
-    con.execute("create index t_v on t (v)")
-    con.commit()
-    con.close()
-    return path.read_bytes()
-
-
 @pytest.fixture(scope="module")
 def dataset(azurite, tmp_path_factory):
     """big.bin (300 MB), medium.bin (40 MiB), db/data.sqlite."""
     container = f"whole-{uuid.uuid4().hex[:8]}"
     azurite.create_container(container)
     big = pattern_bytes("whole-big", 0, BIG)
-    db = _sqlite_bytes(tmp_path_factory.mktemp("db"))
+    db = sqlite_bytes(tmp_path_factory.mktemp("db"), 50_000, lambda i: f"row-{i}" * 30, index=True)
     azurite.upload_many(
         container,
         [

@@ -42,12 +42,12 @@ from cachetools import LRUCache
 from blobmount.blocks.keys import BlobVersion
 from blobmount.cachedir.layout import (
     CacheLayout,
-    DirLock,
     allocated_bytes,
     free_bytes,
     temporary_path,
 )
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
+from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
 from blobmount.download.transfer import DEFAULT_PART_SIZE, TransferConfig, Transfers
 from blobmount.errors import BlobChanged
@@ -58,8 +58,6 @@ from blobmount.units import format_size
 log = logging.getLogger(__name__)
 
 KIND = "files"
-#: how long starting waits for `blobmount cache clear` to let go of the directory
-LOCK_WAIT_S = 5.0
 #: blob names whose last cached ETag is remembered (to remove a replaced version's copy)
 REMEMBERED_VERSIONS = 100_000
 _HASH_CHUNK = 4 * 1024 * 1024
@@ -498,13 +496,6 @@ def _unlink(path: Path) -> int:
 # -- lifetime ----------------------------------------------------------------------------------
 
 
-def _prepare(layout: CacheLayout, location: str, lock: DirLock) -> int:
-    layout.prepare(KIND, location)
-    if not lock.acquire(shared=True, wait_s=LOCK_WAIT_S):
-        log.warning("cache %s is locked by `blobmount cache clear`; using it anyway", layout.root)
-    return free_bytes(layout.root)[1]
-
-
 @asynccontextmanager
 async def open_whole_file_mode(
     settings: Settings, storage: StorageClient
@@ -528,29 +519,20 @@ async def open_whole_file_cache(
         log.warning("whole-file mode with DATASET_MOUNT_CACHE_SIZE=0: every file is streamed")
         yield None
         return
-    layout = CacheLayout(config.root)
-    lock = DirLock(layout.lock_path)
-    try:
-        alloc_unit = await trio.to_thread.run_sync(_prepare, layout, location, lock)
-    except OSError as exc:
-        log.warning("cache %s cannot be used (%s); streaming files instead", config.root, exc)
-        yield None
-        return
-    log.info("whole-file mode: cache %s for %s", config.root, location)
-    body_error: Exception | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            cache = WholeFileCache(storage, config, location, layout, alloc_unit, nursery)
+    async with using_cache_dir(config.root, KIND, location) as cache_dir:
+        if cache_dir is None:
+            log.warning("whole-file cache off: every file is streamed")
+            yield None
+            return
+        log.info("whole-file mode: cache %s for %s", config.root, location)
+        async with background_tasks() as nursery:
+            cache = WholeFileCache(
+                storage, config, location, cache_dir.layout, cache_dir.alloc_unit, nursery
+            )
             nursery.start_soon(cache.pruner.run)
             try:
                 yield cache
-            except Exception as exc:
-                # re-raised below, outside the nursery, so callers see it unwrapped
-                body_error = exc
             finally:
-                nursery.cancel_scope.cancel()  # downloads in progress remove their temporaries
-        cache.close_all()
-    finally:
-        lock.release()
-    if body_error is not None:
-        raise body_error
+                # downloads in progress remove their temporaries as they are cancelled
+                nursery.cancel_scope.cancel()
+                cache.close_all()
