@@ -8,29 +8,36 @@ process's RSS (and, with --tracemalloc, of Python's traced allocations) divided 
 The storage is synthetic: list pages are generated on request, with Azure-like names, sizes,
 ETags and times, so nothing but the mount's own cache stays in memory.
 
+With --fuse, the real daemon (`blobmount.daemon.serve`, pyfuse3, the kernel's readdirplus) serves
+the synthetic folder on a temporary mount point in a child process, and this process lists it
+with os.scandir and reads the child's RSS. (Root and /dev/fuse needed.)
+
     .venv/bin/python benchmarks/metadata_memory.py                 # 1,000,000 entries
     .venv/bin/python benchmarks/metadata_memory.py --entries 200000 --json
+    .venv/bin/python benchmarks/metadata_memory.py --fuse
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from blobmount.blocks.manager import BlockManager, BlockManagerConfig  # noqa: E402
-from blobmount.fs.filesystem import BlobFilesystem, FsConfig  # noqa: E402
-from blobmount.namespace.inodes import ROOT_INODE  # noqa: E402
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient  # noqa: E402
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.namespace.inodes import ROOT_INODE
+from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
 
 FOLDER = "images"
 BLOCK = 4 * 1024 * 1024
@@ -132,13 +139,86 @@ async def fill(entries: int, trace: bool) -> dict[str, float]:
     return result
 
 
+def serve(mountpoint: str, entries: int) -> None:
+    """The daemon, as `blobmount mount` runs it, over the synthetic folder."""
+    from blobmount.daemon import MountRequest, serve
+    from blobmount.readiness import ReadyNotifier
+    from blobmount.settings import load_settings
+    from blobmount.source import parse_source
+
+    @contextlib.asynccontextmanager
+    async def synthetic() -> AsyncIterator[StorageClient]:
+        yield SyntheticFlatFolder(entries)
+
+    spec = parse_source("http://127.0.0.1:9/devstoreaccount1/synthetic")  # never contacted
+    request = MountRequest(spec, Path(mountpoint), load_settings())
+    trio.run(serve, request, ReadyNotifier({}), synthetic)
+
+
+def vm_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def mounted(path: str) -> bool:
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == path for line in mounts)
+
+
+def through_fuse(entries: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="blobmount-memory-") as tmp:
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        env = {**os.environ, "DATASET_MOUNT_CACHE_DIR": os.path.join(tmp, "cache")}
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", mnt, "--entries", str(entries)], env=env
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not mounted(mnt):
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the daemon did not mount")
+                time.sleep(0.1)
+            os.stat(os.path.join(mnt, FOLDER))
+            time.sleep(1)  # the daemon's own start-up probe
+            before = vm_rss(child.pid)
+            started = time.perf_counter()
+            with os.scandir(os.path.join(mnt, FOLDER)) as listing:
+                count = sum(1 for _ in listing)
+            seconds = time.perf_counter() - started
+            after = vm_rss(child.pid)
+            assert count == entries, f"listed {count} of {entries}"
+        finally:
+            subprocess.run(["fusermount3", "-u", mnt], check=False)
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return {
+        "entries": entries,
+        "inodes": count,
+        "rss_bytes_per_entry": (after - before) / entries,
+        "list_seconds": seconds,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--tracemalloc", action="store_true", help="also trace allocations")
+    parser.add_argument("--fuse", action="store_true", help="measure the real daemon's RSS")
+    parser.add_argument("--serve", metavar="MOUNTPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    result = trio.run(fill, args.entries, args.tracemalloc)
+    if args.serve:
+        serve(args.serve, args.entries)
+        return 0
+    if args.fuse:
+        result = through_fuse(args.entries)
+    else:
+        result = trio.run(fill, args.entries, args.tracemalloc)
     if args.json:
         print(json.dumps(result))
     else:
@@ -146,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RSS: {result['rss_bytes_per_entry']:.0f} bytes per entry")
         if "traced_bytes_per_entry" in result:
             print(f"tracemalloc: {result['traced_bytes_per_entry']:.0f} bytes per entry")
-        print(f"listing through the filesystem layer: {result['list_seconds']:.1f} s")
+        how = "os.scandir through the mount" if args.fuse else "the filesystem layer"
+        print(f"listing through {how}: {result['list_seconds']:.1f} s")
     return 0
 
 

@@ -135,7 +135,7 @@ async def test_a_reader_of_an_expired_listing_gets_every_entry(nursery, autojump
     names = [n for n, _ in first[:99]] + [n for n, _ in rest]
     assert sorted(names) == [f"f{i:05d}" for i in range(12_000)]
     assert all(newer[n].inode == a.inode for n, a in rest)  # one number per path, always
-    assert {n: i for n, i in first[:99]} == {n: newer[n].inode for n, _ in first[:99]}
+    assert dict(first[:99]) == {n: newer[n].inode for n, _ in first[:99]}
 
 
 async def test_colliding_inode_numbers_stay_distinct(nursery, monkeypatch):
