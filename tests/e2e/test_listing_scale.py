@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 from blobmount.runstate import stats_socket
 from blobmount.stats import fetch_stats
 from blobmount.testing.azurite import AzuriteServer
-from blobmount.testing.azurite_seed import seed_location, verify_seeded
+from blobmount.testing.azurite_seed import SeededAzurite
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite, pytest.mark.timeout(900)]
 
@@ -44,19 +43,11 @@ def tree_blobs() -> list[tuple[str, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def seeded(azurite, tmp_path_factory) -> Iterator[AzuriteServer]:
-    """An Azurite of its own holding containers `flat` and `tree` (it needs the session's
-    Azurite only to know that Azurite is installed)."""
-    location = tmp_path_factory.mktemp("seeded-azurite")
-    flat, tree = flat_blobs(), tree_blobs()
-    seed_location(location, {"flat": flat, "tree": tree})
-    try:
-        with AzuriteServer(location=location) as az:
-            verify_seeded(az, "flat", flat)
-            verify_seeded(az, "tree", tree)
-            yield az
-    finally:
-        shutil.rmtree(location, ignore_errors=True)
+def seeded(azurite) -> Iterator[AzuriteServer]:
+    """An Azurite of its own holding containers `flat` and `tree`, a few of whose blobs it has
+    read back (the session's Azurite is asked for only to skip when Azurite is missing)."""
+    with SeededAzurite({"flat": flat_blobs(), "tree": tree_blobs()}) as az:
+        yield az
 
 
 @pytest.fixture

@@ -265,26 +265,14 @@ class InodeTable:
         self._nodes[number] = node
         return node
 
-    def list_entry(
-        self,
-        number: int,
-        folder: str,
-        name: str,
-        is_dir: bool,
-        size: int,
-        mtime: float,
-        etag: str | None,
-        fetched: float,
-    ) -> Node:
-        """A new node for a listing of `folder` (which found no node of that name in the table
-        with `locate`), or the table's unlisted one brought up to date."""
-        node = self._nodes.get(number)
-        if node is None or node.folder != folder or node.name != name:
-            node = self.register(Node(number, folder, name, is_dir, size, mtime, etag, fetched))
-        else:
-            node.set(is_dir, size, mtime, etag, fetched)
-        node.listed = True
-        return node
+    def list_entry(self, node: Node) -> Node:
+        """A listing's new node for a name its folder's listing does not hold yet, put in the
+        table; or, if the table has a node of that path already, that one brought up to date."""
+        held = self.register(node)
+        if held is not node:
+            held._rec, held.fetched = node._rec, node.fetched  # same path, so the same name
+        held.listed = True
+        return held
 
     def upsert(self, parent: Node, entry: Attributes | Node, now: float) -> Node:
         """The node for `entry` in `parent`, in the table, brought up to date. A Node (a

@@ -115,13 +115,11 @@ class DirListing:
         size, mtime, etag = (0, 0.0, None) if props is None else _attributes(props)
         number, existing = self._held(name)
         if existing is None:
+            node = Node(number, self.folder, name, is_dir, size, mtime, etag, self.created)
             if self._detached:  # a node of its own (readdir puts it in the table if need be)
-                node = Node(number, self.folder, name, is_dir, size, mtime, etag, self.created)
                 self._own_index()[name] = node
             else:
-                node = self._table.list_entry(
-                    number, self.folder, name, is_dir, size, mtime, etag, self.created
-                )
+                node = self._table.list_entry(node)
             self.entries.append(node)
         elif is_dir and not existing.is_dir:
             note_skipped(self.blob_prefix + name, "a blob shadowed by a folder of the same name")

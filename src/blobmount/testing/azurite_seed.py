@@ -15,8 +15,9 @@ keeps its metadata in two LokiJS databases (JSON files) and blob bytes in "exten
    and writes the databases back in its own format.
 
 Then `AzuriteServer(location=DIR)` serves the seeded blobs like uploaded ones: listed, HEAD and
-ranged GET (`verify_seeded` checks some). The document shapes are Azurite 3.37.0's, so seeding
-refuses any other version (SEED_AZURITE_VERSION) instead of writing a database it may misread.
+ranged GET (`verify_seeded` checks some). `SeededAzurite` does all of it in a folder of its own.
+The document shapes are Azurite 3.37.0's, so seeding refuses any other version
+(SEED_AZURITE_VERSION) instead of writing a database it may misread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import random
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -266,3 +268,46 @@ def verify_seeded(
         got, etag = az.download(container, name)
         if (got, etag) != (data, etag_for(container, name, data)):
             raise AssertionError(f"seeded {container}/{name}: got {got!r} {etag}, not {data!r}")
+
+
+class SeededAzurite(AzuriteServer):
+    """An on-disk Azurite in a temporary folder of its own, seeded with `datasets` (container ->
+    [(name, bytes)]) before it starts, and checked (`verify_seeded`) once it runs; stop()
+    removes the folder.
+
+        with SeededAzurite({"data": [("a/b.bin", b"...")]}) as az:
+            ...
+    """
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Sequence[tuple[str, bytes]]],
+        *,
+        executable: str | None = None,
+    ) -> None:
+        self._folder = Path(tempfile.mkdtemp(prefix="blobmount-seeded-"))
+        super().__init__(executable=executable, location=self._folder / "azurite")
+        self._datasets = datasets
+        self.seeded: Seeded | None = None
+
+    def start(self) -> SeededAzurite:
+        if self.running:
+            return self
+        assert self._location is not None
+        try:
+            if self.seeded is None:
+                self.seeded = seed_location(
+                    self._location, self._datasets, executable=self._executable
+                )
+            super().start()
+            for container, items in self._datasets.items():
+                verify_seeded(self, container, items)
+        except BaseException:
+            self.stop()
+            raise
+        self._datasets = {}  # the caller keeps its own copy if it needs one
+        return self
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self._folder, ignore_errors=True)
