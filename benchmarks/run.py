@@ -144,9 +144,10 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
         log.exception("preparing %s failed", scenario.name)
         report.error = f"{type(exc).__name__}: {exc}"
         return
+    candidates = scenario.systems(workload) or default_systems(scenario, workload)
     systems: list[System] = [
         s
-        for s in default_systems(scenario, workload)
+        for s in candidates
         if s.applies_to(workload) and (only_systems is None or s.name in only_systems)
     ]
     results = {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from scenarios.datasets import Datasets, Store
+    from scenarios.systems import System
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,11 @@ class Scenario(ABC):
     @abstractmethod
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         """Build the plans (uploading the datasets it needs on first use)."""
+
+    def systems(self, workload: Workload) -> list[System] | None:
+        """Systems of its own (a listing is not a read: see scenarios/listing.py), or None for
+        the default ones: the workload's ceilings, the mount and its variants."""
+        return None
 
 
 class PendingScenario(Scenario):

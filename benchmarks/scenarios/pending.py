@@ -22,16 +22,6 @@ class MultiEpoch(PendingScenario):
     )
 
 
-class Listing(PendingScenario):
-    name = "listing"
-    number = 6
-    title = "Listing a huge flat folder: os.scandir vs os.listdir (first entry, 50k, all)"
-    todo = (
-        "needs a listing dataset (100k+ names, cheap to upload) and the lazy-listing work; "
-        "ceiling = list_page loop with the same client"
-    )
-
-
 class Download(PendingScenario):
     name = "download"
     number = 7
@@ -43,5 +33,4 @@ class Download(PendingScenario):
 
 
 register(MultiEpoch())
-register(Listing())
 register(Download())
