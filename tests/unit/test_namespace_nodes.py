@@ -149,3 +149,17 @@ async def test_colliding_inode_numbers_stay_distinct(nursery, monkeypatch):
         assert (node.inode, node.name) == (number, name)
         assert fs.inodes.get(number) is node
     assert await fs.lookup(many.inode, "f99999") is None
+
+
+async def test_a_walk_fills_its_folders_to_the_end_after_their_ttl(nursery, autojump_clock):
+    mem = folder(12_000)  # three flat pages
+    fs, _ = make_fs(nursery, mem, "flat", ttl_s=10.0)
+    many = await fs.lookup(ROOT_INODE, "many")
+    old = await fs.opendir(many.inode)
+    first = []
+    await fs.readdir(old, 0, lambda n, a, x: first.append(n) or len(first) < 100)
+    await trio.sleep(11)
+    new = await fs.opendir(many.inode)  # a new walk for new readers; the old one goes on
+    assert len(await read_entries(fs, new)) == 12_000
+    rest = [n for n, _ in await read_entries(fs, old, 99)]
+    assert sorted(first[:99] + rest) == [f"f{i:05d}" for i in range(12_000)]

@@ -176,15 +176,17 @@ class ListingCatalog:
         return walk
 
     def _walked_listing(self, walk: FlatWalk, prefix: str) -> WalkedListing | None:
-        """The listing `walk` fills for `prefix`; None if the folder is listed another way."""
-        listing = self.get(prefix)
-        if listing is None:
-            created = WalkedListing(walk, self._table, prefix, self._folder(prefix), walk.created)
-            self._listings[prefix] = created
-            return created
-        if isinstance(listing, WalkedListing) and listing.walk is walk:
-            return listing
-        return None
+        """The listing `walk` fills for `prefix`; None if the folder is listed another way.
+        A walk fills the listings it made to the end, even those the catalog dropped since
+        (their TTL ended): a reader that opened one before then gets all of its entries."""
+        own = walk.listings.get(prefix)
+        if own is not None:
+            return own
+        if self.get(prefix) is not None:
+            return None
+        created = WalkedListing(walk, self._table, prefix, self._folder(prefix), walk.created)
+        self._listings[prefix] = walk.listings[prefix] = created
+        return created
 
     # -- negative lookups ------------------------------------------------------------------
 

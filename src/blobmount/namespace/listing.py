@@ -207,6 +207,8 @@ class FlatWalk:
         self.pages = 0
         self._lock = trio.Lock()
         self._listing_for: ListingFor | None = None
+        #: the listings this walk fills, by blob prefix (see ListingCatalog._walked_listing)
+        self.listings: dict[str, WalkedListing] = {}
 
     def attach(self, listing_for: ListingFor) -> None:
         self._listing_for = listing_for
