@@ -10,8 +10,8 @@ tests/unit/test_metadata_memory.py.
 An inode number is a 60-bit hash of the path, so a path keeps its number for the life of the
 mount even after its node is freed and made again later. The table maps numbers to nodes, and
 finds a folder's child by hashing the child's path: no per-folder dict of children. A hash
-collision (about one in 10^6 for a million paths) is resolved by probing to the next free number
-and remembering that path's number in a small side table.
+collision (a million paths hold one with a chance of about 1 in 2 million) is resolved by
+probing to the next free number and remembering that path's number in a small side table.
 
 A node stays in the table while anything may ask for it: the kernel holds lookups on it, a file
 of it is open, or its folder's current listing holds it (`listed`). Memory for a node goes when
@@ -206,16 +206,17 @@ class Node:
     @property
     def path(self) -> str:
         """Relative to the mount root: '' for the root, no leading or trailing '/'."""
-        return "" if self.folder is None else _join(self.folder, self.name)
+        return "" if self.folder is None else join(self.folder, self.name)
 
     def child_path(self, name: str) -> str:
-        return _join(self.path, name)
+        return join(self.path, name)
 
     def __repr__(self) -> str:
         return f"Node({self.path!r}, inode={self.inode}, dir={self.is_dir})"
 
 
-def _join(folder: str, name: str) -> str:
+def join(folder: str, name: str) -> str:
+    """The path of `name` in the folder with path `folder` ('' for the root)."""
     return f"{folder}/{name}" if folder else name
 
 
@@ -240,7 +241,7 @@ class InodeTable:
     def locate(self, folder: str, name: str) -> tuple[int, Node | None]:
         """The inode number of `name` in the folder with path `folder`, and its node if the
         table holds one."""
-        number = self.number(_join(folder, name))
+        number = self.number(join(folder, name))
         node = self._nodes.get(number)
         if node is None or node.folder != folder or node.name != name:
             return number, None

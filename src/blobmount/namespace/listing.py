@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import trio
 
-from blobmount.namespace.inodes import InodeTable, Node
+from blobmount.namespace.inodes import InodeTable, Node, join
 from blobmount.namespace.names import note_skipped, valid_segment
 from blobmount.storage.base import BlobProps, StorageClient
 
@@ -77,13 +77,9 @@ class DirListing:
     def _held(self, name: str) -> tuple[int, Node | None]:
         """The inode number for `name`, and the node this listing holds for it, if any."""
         if self._detached:
-            node = self._own_index().get(name)
-            return (0, node) if node is not None else (self._table.number(self._path(name)), None)
+            return self._table.number(join(self.folder, name)), self._own_index().get(name)
         number, node = self._table.locate(self.folder, name)
         return number, node if node is not None and node.listed else None
-
-    def _path(self, name: str) -> str:
-        return f"{self.folder}/{name}" if self.folder else name
 
     def _own_index(self) -> dict[str, Node]:
         if self._own is None:
