@@ -8,22 +8,35 @@ TOOLS := .tools
 AZURITE_VERSION := 3.37.0
 AZURITE := $(TOOLS)/node_modules/.bin/azurite-blob
 DEBIAN_PACKAGES := fuse3 libfuse3-dev pkg-config
+BENCH_DEBIAN_PACKAGES := rclone
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system-deps venv azurite demo test test-unit test-integration test-e2e \
-        lint fmt typecheck bench bench-quick pre-pr clean
+        lint fmt typecheck bench-deps bench bench-quick pre-pr clean
 
 setup: system-deps venv azurite
 
-system-deps:
+# install_debian(packages, extra missing check): apt-get install whichever are not installed yet
+define install_debian
 	@missing=""; \
-	for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
+	for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	$(2) \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
+
+# (a variable: the comma in the import would split $(call)'s arguments)
+NEED_VENV := $(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv";
+
+system-deps:
+	$(call install_debian,$(DEBIAN_PACKAGES),$(NEED_VENV))
+
+# the peers the benchmark compares with (rclone mount); not needed by the tests
+bench-deps:
+	$(call install_debian,$(BENCH_DEBIAN_PACKAGES))
 
 venv: $(VENV)/.installed
 
@@ -65,10 +78,10 @@ fmt: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-bench: setup
+bench: setup bench-deps
 	$(PY) benchmarks/run.py
 
-bench-quick: setup
+bench-quick: setup bench-deps
 	$(PY) benchmarks/run.py --quick
 
 pre-pr: fmt lint typecheck test-unit

@@ -41,7 +41,6 @@ from scenarios.systems import (  # noqa: E402
     ResourceMeter,
     System,
     SystemResult,
-    default_systems,
     drop_kernel_caches,
     run_ceiling_plan,
 )
@@ -72,7 +71,7 @@ def _parser(names: list[str]) -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="run only these systems (repeatable): ceiling, ceiling-2MiB, blobmount, "
-        "blobmount-8MiB",
+        "blobmount-8MiB, blobmount-ram0, rclone-off, rclone-full, download",
     )
     parser.add_argument(
         "--out",
@@ -88,6 +87,9 @@ def _parser(names: list[str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--seek-chunks", type=int, metavar="N", help="number of random chunks (overrides)"
+    )
+    parser.add_argument(
+        "--epochs", type=int, metavar="N", help="epochs of the multi-epoch scenario (overrides)"
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per system; the median is reported"
@@ -144,10 +146,9 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
         log.exception("preparing %s failed", scenario.name)
         report.error = f"{type(exc).__name__}: {exc}"
         return
-    candidates = scenario.systems(workload) or default_systems(scenario, workload)
     systems: list[System] = [
         s
-        for s in candidates
+        for s in scenario.systems(workload)
         if s.applies_to(workload) and (only_systems is None or s.name in only_systems)
     ]
     results = {
@@ -163,6 +164,7 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
         for s in systems
     }
     report.systems = list(results.values())
+    report.phases = workload.mount.phases
     try:
         _warm_up(bench, workload)
     except Exception as exc:
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         print("--repeat must be at least 1", file=sys.stderr)
         return 2
-    for flag in ("large_mib", "small_files", "seek_chunks"):
+    for flag in ("large_mib", "small_files", "seek_chunks", "epochs"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             print(f"--{flag.replace('_', '-')} must be at least 1", file=sys.stderr)
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "large_file_bytes": None if args.large_mib is None else args.large_mib * MiB,
         "small_file_count": args.small_files,
         "seek_chunks": args.seek_chunks,
+        "epochs": args.epochs,
     }
     if any(v is not None for v in overrides.values()):
         changed = {k: v for k, v in overrides.items() if v is not None}
@@ -231,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.notes.append(
         f"sizes: large file {profile.large_file_bytes >> 20} MiB, "
-        f"{profile.small_file_count:,} small files, {profile.seek_chunks:,} seek chunks"
+        f"{profile.small_file_count:,} small files, {profile.seek_chunks:,} seek chunks, "
+        f"{profile.epochs} epochs, {profile.medium_file_count} medium files"
     )
     out_dir: Path = args.out.resolve()
     datasets = Datasets(profile)

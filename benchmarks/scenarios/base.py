@@ -6,6 +6,9 @@ with `AzureStorageClient`). Every read names its blob and offset, and lands at a
 (`dest`) of one result buffer, so a run is verified afterwards read by read against
 `Workload.source` (the generated content of each blob).
 
+A plan may be cut into `Phase`s, timed and reported one by one on the same mount (multi-epoch:
+a listing, then one phase per epoch); a plan without phases is timed as one piece.
+
 Scenarios register themselves (see `scenarios/__init__.py`); the harness (`benchmarks/run.py`)
 never names one. A scenario that is not built yet registers with `todo` set: it is listed and
 reported as a TODO slot, never run.
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from scenarios.datasets import Datasets, Store
@@ -41,14 +44,32 @@ class Profile:
     large_file_bytes: int
     small_file_count: int
     seek_chunks: int
+    #: multi-epoch: epochs on one mount (the seed runs 10)
+    epochs: int
+    #: download: files of MEDIUM_FILE_BYTES (the seed's "100 x 1GB" next to "1 x 100GB")
+    medium_file_count: int
 
 
 #: sized for a 2-core, 24 GiB machine: the full run stays within ~15 minutes. Issue #9 suggested
 #: 20,000 small files; Azurite's per-request CPU grows with the blobs it holds (7.8 ms per GET at
 #: 20,000 against 1.3 ms at 1,000), so at 20,000 the scenario measures Azurite's lookups, not the
 #: mount, and takes over 15 minutes alone. `--small-files 20000` still runs it.
-FULL = Profile("full", large_file_bytes=2 * GiB, small_file_count=10_000, seek_chunks=1_000)
-QUICK = Profile("quick", large_file_bytes=512 * MiB, small_file_count=4_000, seek_chunks=300)
+FULL = Profile(
+    "full",
+    large_file_bytes=2 * GiB,
+    small_file_count=10_000,
+    seek_chunks=1_000,
+    epochs=10,
+    medium_file_count=128,
+)
+QUICK = Profile(
+    "quick",
+    large_file_bytes=512 * MiB,
+    small_file_count=4_000,
+    seek_chunks=300,
+    epochs=4,
+    medium_file_count=32,
+)
 
 
 # -- plans -------------------------------------------------------------------------------------
@@ -72,12 +93,49 @@ class FileJob:
 
 
 @dataclass(frozen=True, slots=True)
+class Phase:
+    """A part of a run that is timed and reported on its own.
+
+    The phases of a plan run in order on the same mount (the same client, for a ceiling), so a
+    later phase gets whatever the system cached in an earlier one; the kernel's caches are
+    dropped before each phase (untimed), so that is the system's own caching. A phase runs the
+    plan's next `count` jobs (MountPlan) or steps (CeilingPlan); a listing phase runs none and
+    lists the whole dataset instead (os.walk through a mount, a flat listing with the client),
+    which must find exactly the blobs in `listing`.
+    """
+
+    name: str
+    count: int = 0
+    listing: frozenset[str] | None = None
+    #: whether its time is part of the run's time (the seed reports the listing apart)
+    in_total: bool = True
+
+
+T = TypeVar("T")
+
+
+def phase_items(phases: Sequence[Phase], items: Sequence[T]) -> list[tuple[Phase, Sequence[T]]]:
+    """Each phase with its share of a plan's jobs or steps; no phases = one phase of them all."""
+    if not phases:
+        return [(Phase("all", len(items)), items)]
+    out, start = [], 0
+    for phase in phases:
+        out.append((phase, items[start : start + phase.count]))
+        start += phase.count
+    if start != len(items):
+        raise ValueError(f"the phases cover {start} of the plan's {len(items)} items")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class MountPlan:
-    """`threads` reader threads take jobs from one shared queue, in order, until it is empty."""
+    """`threads` reader threads take jobs from one shared queue, in order, until it is empty
+    (phase by phase, when it has phases)."""
 
     jobs: tuple[FileJob, ...]
     threads: int
     description: str
+    phases: tuple[Phase, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +160,7 @@ class CeilingPlan:
     steps: tuple[tuple[RangeGet, ...], ...]
     concurrency: int
     description: str
+    phases: tuple[Phase, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +197,8 @@ class Scenario(ABC):
     settings_note: ClassVar[str] = ""
     #: diagnostic mounts: system name -> settings applied on top of `mount_env`
     mount_variants: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    #: mounts whose readers hint their order: system name -> hint window (files ahead)
+    hinted_variants: ClassVar[Mapping[str, int]] = {}
     #: set for a slot that is not built yet: why, and what it waits for
     todo: ClassVar[str | None] = None
 
@@ -145,10 +206,13 @@ class Scenario(ABC):
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         """Build the plans (uploading the datasets it needs on first use)."""
 
-    def systems(self, workload: Workload) -> list[System] | None:
-        """Systems of its own (a listing is not a read: see scenarios/listing.py), or None for
-        the default ones: the workload's ceilings, the mount and its variants."""
-        return None
+    def systems(self, workload: Workload) -> list[System]:
+        """What runs this scenario, in report order: ceilings, blobmount and its variants, and
+        the rclone mounts. A scenario that is not about a mount says otherwise."""
+        # imported here: the systems import this module
+        from scenarios.lineup import default_systems
+
+        return default_systems(self, workload)
 
 
 class PendingScenario(Scenario):

@@ -45,6 +45,8 @@ LARGE_BLOB = "large/large.bin"
 SMALL_FILES_PER_FOLDER = 1_000
 SMALL_MIN_BYTES = 20_000
 SMALL_MAX_BYTES = 30_000  # ~25 KB on average, as in the seed's small-file tests
+#: one download part (the downloader's default part size) each
+MEDIUM_FILE_BYTES = 8 * 1024 * 1024
 UPLOAD_THREADS = 8
 UPLOAD_TIMEOUT_S = 900.0
 
@@ -80,8 +82,9 @@ class LargeFile:
 
 
 @dataclass(frozen=True, slots=True)
-class SmallFiles:
-    """Many small blobs; file i is `stream[offsets[i] : offsets[i] + sizes[i]]`."""
+class ManyFiles:
+    """Many blobs (the small files, the medium files); file i is
+    `stream[offsets[i] : offsets[i] + sizes[i]]`."""
 
     store: Store
     names: tuple[str, ...]
@@ -100,7 +103,7 @@ class SmallFiles:
         return len(self.stream)
 
     def source(self, blob: str) -> bytes:
-        """The content of small file `blob`."""
+        """The content of file `blob`."""
         i = self.index[blob]
         return self.stream[self.offsets[i] : self.offsets[i] + self.sizes[i]]
 
@@ -183,7 +186,8 @@ class Datasets:
         self.profile = profile
         self._servers: list[AzuriteServer] = []
         self._large: LargeFile | None = None
-        self._small: SmallFiles | None = None
+        self._small: ManyFiles | None = None
+        self._medium: ManyFiles | None = None
         #: how each dataset was made (sizes, seconds), for the report
         self.built: list[dict[str, Any]] = []
 
@@ -236,44 +240,54 @@ class Datasets:
             )
         return self._large
 
-    def small(self) -> SmallFiles:
+    def small(self) -> ManyFiles:
         """The small files (~25 KB each; 10,000 full, 4,000 quick) in folders of 1,000 at the
         root of their container."""
         if self._small is None:
             count = self.profile.small_file_count
             rng = random.Random(f"blobmount-bench-small-sizes-{count}")
             sizes = [rng.randint(SMALL_MIN_BYTES, SMALL_MAX_BYTES) for _ in range(count)]
-            offsets, total = [], 0
-            for size in sizes:
-                offsets.append(total)
-                total += size
             names = [f"d{i // SMALL_FILES_PER_FOLDER:03d}/f{i:06d}.bin" for i in range(count)]
-            log.info("generating %d small files (%d MB)", count, total // 1_000_000)
-            started = time.perf_counter()
-            stream = pattern_bytes("blobmount-bench-small", 0, total)
-            view = memoryview(stream)
-            items = [
-                (name, bytes(view[off : off + size]))
-                for name, off, size in zip(names, offsets, sizes, strict=True)
-            ]
-            generated = time.perf_counter()
-            store, uploader = self._store("small")
-            log.info("uploading %d small files", count)
-            started_upload = time.perf_counter()
-            etags = uploader.put_many(items, UPLOAD_THREADS)
-            uploaded = time.perf_counter()
-            del items
-            log.info("uploaded in %.1f s", uploaded - started_upload)
-            self._small = SmallFiles(
-                store, tuple(names), tuple(sizes), tuple(offsets), tuple(etags), stream
-            )
-            self.built.append(
-                {
-                    "dataset": "small",
-                    "blobs": count,
-                    "bytes": total,
-                    "generate_s": round(generated - started, 2),
-                    "upload_s": round(uploaded - started_upload, 2),
-                }
-            )
+            self._small = self._many("small", names, sizes)
         return self._small
+
+    def medium(self) -> ManyFiles:
+        """The medium files (8 MiB each; 128 full, 32 quick) in one folder."""
+        if self._medium is None:
+            count = self.profile.medium_file_count
+            names = [f"medium/m{i:04d}.bin" for i in range(count)]
+            self._medium = self._many("medium", names, [MEDIUM_FILE_BYTES] * count)
+        return self._medium
+
+    def _many(self, dataset: str, names: list[str], sizes: list[int]) -> ManyFiles:
+        """Generate files of these names and sizes and upload them to a store of their own."""
+        offsets, total = [], 0
+        for size in sizes:
+            offsets.append(total)
+            total += size
+        log.info("generating %d %s files (%d MB)", len(names), dataset, total // 1_000_000)
+        started = time.perf_counter()
+        stream = pattern_bytes(f"blobmount-bench-{dataset}", 0, total)
+        view = memoryview(stream)
+        items = [
+            (name, bytes(view[off : off + size]))
+            for name, off, size in zip(names, offsets, sizes, strict=True)
+        ]
+        generated = time.perf_counter()
+        store, uploader = self._store(dataset)
+        log.info("uploading %d %s files", len(names), dataset)
+        started_upload = time.perf_counter()
+        etags = uploader.put_many(items, UPLOAD_THREADS)
+        uploaded = time.perf_counter()
+        del items
+        log.info("uploaded in %.1f s", uploaded - started_upload)
+        self.built.append(
+            {
+                "dataset": dataset,
+                "blobs": len(names),
+                "bytes": total,
+                "generate_s": round(generated - started, 2),
+                "upload_s": round(uploaded - started_upload, 2),
+            }
+        )
+        return ManyFiles(store, tuple(names), tuple(sizes), tuple(offsets), tuple(etags), stream)

@@ -53,8 +53,8 @@ from scenarios.systems import (
     ResourceMeter,
     RunMetrics,
     System,
-    _proc_status_kib,
     _storage_delta,
+    proc_status_kib,
     timeout_for,
 )
 
@@ -306,7 +306,7 @@ class MountListing(BlobmountSystem):
             seconds = time.perf_counter() - started
             meter.stop()
             after = self.stats(daemon)
-            hwm = _proc_status_kib(daemon.pid, "VmHWM")
+            hwm = proc_status_kib(daemon.pid, "VmHWM")
         metrics = _metrics(seconds, meter, names, self.data, _storage_delta(before, after), marks)
         metrics.peak_rss_bytes = None if hwm is None else hwm * 1024
         metrics.mount_s = daemon.mount_s
@@ -392,7 +392,7 @@ class Listing(Scenario):
         self.data = seeded(datasets, f"listing-{count}", "flat", names)
         return _workload(self.data, f"os.scandir of one folder of {count:,} blobs")
 
-    def systems(self, workload: Workload) -> list[System] | None:
+    def systems(self, workload: Workload) -> list[System]:
         assert self.data is not None
         data, at = self.data, self.milestone
         return [
@@ -427,7 +427,7 @@ class TreeWalk(Scenario):
         self.data = seeded(datasets, f"tree-{folders}", "tree", names)
         return _workload(self.data, f"os.walk of {len(names):,} files in {folders:,} folders")
 
-    def systems(self, workload: Workload) -> list[System] | None:
+    def systems(self, workload: Workload) -> list[System]:
         assert self.data is not None
         data, at = self.data, len(self.data.names) // 2
         return [

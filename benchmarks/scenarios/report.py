@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from scenarios.base import GiB, Scenario
+from scenarios.base import GiB, Phase, Scenario
 from scenarios.systems import RunMetrics, SystemResult
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ class ScenarioReport:
     scenario: Scenario
     systems: list[SystemResult] = field(default_factory=list)
     error: str | None = None
+    #: the mount plan's phases, when it has them (multi-epoch)
+    phases: tuple[Phase, ...] = ()
 
     def ceiling_seconds(self) -> float | None:
         for result in self.systems:
@@ -49,6 +51,7 @@ class ScenarioReport:
             "settings_note": s.settings_note,
             "todo": s.todo,
             "error": self.error,
+            "phases": [p.name for p in self.phases],
             "systems": [r.as_json() for r in self.systems],
         }
 
@@ -290,6 +293,61 @@ def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | No
     )
 
 
+#: issue #9 compares the multi-epoch total with rclone's full cache mode
+PEER = "rclone-full"
+
+
+def _phase_table(sr: ScenarioReport) -> list[str]:
+    """Per-phase times of a scenario with phases: each phase outside the total (the listing),
+    the first and last phases of the total, the total, first/last, and what was fetched."""
+    apart = [p.name for p in sr.phases if not p.in_total]
+    counted = [p.name for p in sr.phases if p.in_total]
+    if not counted:
+        return []
+    first, last = counted[0], counted[-1]
+    totals = {r.system: r.median.seconds for r in sr.systems if r.median and r.median.phases}
+    ceiling_s, peer_s = totals.get("ceiling"), totals.get(PEER)
+    lines = [
+        f"**{sr.scenario.number}. {sr.scenario.name}, phase by phase** (median run; caches "
+        "dropped before each phase):",
+        "",
+        "| system | "
+        + "".join(f"{name} (s) | " for name in apart)
+        + f"first: {first} (s) | last: {last} (s) | total (s) | first / last | "
+        f"total vs ceiling | total vs {PEER} | fetched first / last phase |",
+        "|---|" + "---:|" * (len(apart) + 6) + "---|",
+    ]
+    for result in sr.systems:
+        run = result.median
+        if run is None or not run.phases:
+            continue
+        times = run.phases
+        fetched = [run.phase_storage.get(name, {}) for name in (first, last)]
+        if all("range_bytes" in f for f in fetched):
+            traffic = " / ".join(
+                f"{f['range_bytes'] / MB:,.1f} MB"
+                + (f" ({f['range_requests']:,} GET)" if "range_requests" in f else "")
+                for f in fetched
+            )
+        else:
+            traffic = "-"
+        lines.append(
+            f"| {result.system} | "
+            + "".join(f"{times[name]:.2f} | " for name in apart)
+            + f"{times[first]:.2f} | {times[last]:.2f} | {run.seconds:.2f} | "
+            f"{times[first] / times[last]:.2f} | "
+            + (f"{ceiling_s / run.seconds:.2f} | " if ceiling_s else "- | ")
+            + (f"{peer_s / run.seconds:.2f} | " if peer_s else "- | ")
+            + f"{traffic} |"
+        )
+    every = ", ".join(
+        f"{r.system} " + " ".join(f"{r.median.phases[n]:.2f}" for n in counted)
+        for r in sr.systems
+        if r.median and r.median.phases
+    )
+    return [*lines, "", f"Every phase of the total, in seconds: {every}.", ""]
+
+
 HEADER = (
     "| # | scenario | system | time (s) | throughput | vs ceiling | client CPU s/GiB | "
     "peak RSS | fetched / requested | storage requests | Azurite CPU | other CPU | verified |\n"
@@ -303,9 +361,14 @@ How to read this (docs/BENCHMARKING.md has the details):
   with the same `AzureStorageClient` at high concurrency into memory; 0.50 is half as fast.
   `ceiling-2MiB` is a diagnostic: the ceiling done with the mount's own request shape;
   `blobmount-8MiB` is a diagnostic: the mount with 8 MiB blocks (same read-ahead bytes).
-- **client CPU s/GiB**: CPU seconds of the process that moved the data per GiB read (the blobmount
-  daemon; for ceilings, the harness process running the client).
-- **peak RSS**: the daemon's VmHWM (a fresh daemon per run).
+  The ceiling is this Python client's best, not the backend's: rclone's Go client can beat it.
+- **rclone-off / rclone-full**: `rclone mount` of the same container with `--vfs-cache-mode off`
+  or `full`, other options default, measured as blobmount is (fetched bytes from its `core/stats`).
+- **download** rows: `blobmount download` in a subprocess, timed by its own `elapsed_s` (listing
+  to data on disk); `download-local` is its local side alone (from an in-memory store).
+- **client CPU s/GiB**: CPU seconds of the process that moved the data per GiB read (the mount's
+  daemon, the download process; for ceilings, the harness process running the client).
+- **peak RSS**: the daemon's (download process') VmHWM (a fresh one per run).
 - **fetched / requested**: bytes GET from storage (`blobmount stats --json`: storage.range_bytes)
   over bytes the readers asked for; above 1 is read-ahead or block rounding that was not used.
 - **Azurite CPU / other CPU**: average cores used during the timed part by Azurite, and by
@@ -315,6 +378,13 @@ How to read this (docs/BENCHMARKING.md has the details):
   per second, with the seconds to the first entry and to the milestones; storage requests are
   list requests.
 - MB = 10^6 bytes."""
+
+
+def _startup(result: SystemResult) -> str:
+    """What `mount_s` (time outside the timed part) was for this system."""
+    if result.system.startswith("download"):
+        return "interpreter start, credentials and exit (not timed)"
+    return "mounted in"
 
 
 def to_markdown(report: RunReport) -> str:
@@ -350,7 +420,10 @@ def to_markdown(report: RunReport) -> str:
             continue
         ceiling_s = sr.ceiling_seconds()
         lines.extend(_row(s.number, s.name, r, ceiling_s) for r in sr.systems)
-    lines += ["", LEGEND, "", "## Scenarios and systems", ""]
+    lines.append("")
+    for sr in report.scenarios:
+        lines.extend(_phase_table(sr))
+    lines += [LEGEND, "", "## Scenarios and systems", ""]
     for sr in report.scenarios:
         s = sr.scenario
         lines.append(f"**{s.number}. {s.name}**: {s.title}.")
@@ -362,7 +435,7 @@ def to_markdown(report: RunReport) -> str:
         lines.extend(
             f"- {r.system}: {r.description}"
             + (f"; caches {r.cache_drop}" if r.settings else "")
-            + (f"; mounted in {r.median.mount_s:.2f} s" if r.median and r.median.mount_s else "")
+            + (f"; {_startup(r)} {r.median.mount_s:.2f} s" if r.median and r.median.mount_s else "")
             for r in sr.systems
         )
         for r in sr.systems:

@@ -5,7 +5,8 @@
   ceiling plans are diagnostics.
 - `BlobmountSystem`: a fresh `blobmount mount --foreground` daemon with the scenario's
   DATASET_MOUNT_* settings and a fresh cache dir, read by reader threads in this process.
-  Later systems (rclone, other mount modes) subclass `MountSystem`.
+  Other mounts (`scenarios/rclone.py`) subclass `MountSystem`; `scenarios/lineup.py` says which
+  systems run a scenario.
 
 Before every run the kernel's caches are dropped (when permitted) and every mount is new, so no
 run is served from an earlier one's pages or cache files.
@@ -22,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import shutil
 import signal
 import statistics
@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -40,7 +40,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from scenarios.base import CeilingPlan, MountPlan, Profile, RangeGet, Scenario, Workload
+from scenarios.base import (
+    CeilingPlan,
+    FileJob,
+    MountPlan,
+    Phase,
+    Profile,
+    RangeGet,
+    Scenario,
+    Workload,
+    phase_items,
+)
 
 if TYPE_CHECKING:
     from blobmount.testing.azurite import AzuriteServer
@@ -51,7 +61,7 @@ log = logging.getLogger(__name__)
 MOUNT_READY_TIMEOUT_S = 60.0
 UNMOUNT_WAIT_S = 30.0
 #: the settings and credentials a mount must not inherit from the caller's environment
-_FOREIGN_ENV = ("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")
+FOREIGN_ENV = ("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")
 
 
 # -- the run's shared state --------------------------------------------------------------------
@@ -103,7 +113,8 @@ class ResourceMeter:
         self._start: dict[str, float] = {}
         self._busy0 = 0.0
         self._t0 = 0.0
-        #: what the last stop() measured
+        #: what every start()-stop() interval measured, summed (a run with phases is metered
+        #: phase by phase, never between them)
         self.usage: dict[str, float] = {}
 
     def _cpu(self) -> dict[str, float]:
@@ -122,18 +133,20 @@ class ResourceMeter:
         self._t0 = time.perf_counter()
 
     def stop(self) -> dict[str, float]:
-        """{name: CPU seconds, "others": the rest of the machine, "wall_s": elapsed}."""
+        """{name: CPU seconds, "others": the rest of the machine, "wall_s": elapsed} since
+        start()."""
         wall = time.perf_counter() - self._t0
         busy = _busy_cpu_s() - self._busy0
         end = self._cpu()
         out = {name: end[name] - self._start[name] for name in end if name in self._start}
         out["others"] = max(0.0, busy - sum(out.values()))
         out["wall_s"] = wall
-        self.usage = out
+        for key, value in out.items():
+            self.usage[key] = self.usage.get(key, 0.0) + value
         return out
 
 
-def _proc_status_kib(pid: int, key: str) -> int | None:
+def proc_status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -271,6 +284,30 @@ class RunMetrics:
     mismatch_at: str | None = None
     #: a listing's milestones: label ("first", "50,000th") -> seconds from the start
     listing: dict[str, float] = field(default_factory=dict)
+    #: a plan with phases: seconds of each phase, and (for a mount with counters) its requests
+    phases: dict[str, float] = field(default_factory=dict)
+    phase_storage: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class PhasedRun:
+    """What the timed part of one run measured, phase by phase."""
+
+    #: the run's time: the phases in the total
+    seconds: float = 0.0
+    #: each phase's seconds, kept only for a plan with phases
+    phases: dict[str, float] = field(default_factory=dict)
+    phase_storage: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the daemon's counters after the last phase
+    stats_after: dict[str, Any] | None = None
+    #: the first listing phase that did not find exactly the dataset's files
+    listing_mismatch: str | None = None
+
+    def add(self, phase: Phase, seconds: float, keep: bool) -> None:
+        if phase.in_total:
+            self.seconds += seconds
+        if keep:
+            self.phases[phase.name] = seconds
 
 
 @dataclass
@@ -362,15 +399,15 @@ class CeilingSystem(System):
         plan = workload.ceilings[self.name]
         store = workload.store
         meter = ResourceMeter({"harness": os.getpid(), "azurite": store.az.pid})
-        seconds, pieces = run_ceiling_plan(
+        timed, pieces = run_ceiling_plan(
             store.az, store.container, plan, meter, timeout_for(workload, bench)
         )
         usage = meter.usage
-        mismatch = verify_gets(pieces, workload.source)
+        mismatch = timed.listing_mismatch or verify_gets(pieces, workload.source)
         del pieces
         gets = sum(len(step) for step in plan.steps)
         return RunMetrics(
-            seconds=seconds,
+            seconds=timed.seconds,
             verified=mismatch is None,
             client_cpu_s=usage.get("harness"),
             harness_cpu_s=usage.get("harness"),
@@ -378,6 +415,7 @@ class CeilingSystem(System):
             others_cpu_s=usage.get("others"),
             storage={"range_requests": gets, "range_bytes": workload.requested_bytes},
             mismatch_at=mismatch,
+            phases=timed.phases,
         )
 
 
@@ -387,8 +425,9 @@ def run_ceiling_plan(
     plan: CeilingPlan,
     meter: ResourceMeter,
     timeout_s: float,
-) -> tuple[float, list[tuple[RangeGet, bytes]]]:
-    """Run `plan` on trio; returns (seconds, [(GET, bytes it returned)]).
+) -> tuple[PhasedRun, list[tuple[RangeGet, bytes]]]:
+    """Run `plan` on trio, phase by phase on one client; returns the times and
+    [(GET, bytes it returned)].
 
     The client is created and one request made before the clock starts, as the mount does
     before it is ready (the SDK client and one connection exist; the rest open during the run).
@@ -398,36 +437,59 @@ def run_ceiling_plan(
     from blobmount.storage.azure import AzureStorageClient
 
     got: list[tuple[RangeGet, bytes]] = []
+    run = PhasedRun()
 
     async def drain(client: AzureStorageClient, gets: Iterator[RangeGet]) -> None:
         # workers share the iterator: each takes the next GET when its last one is done
         got.extend([(g, await client.get_range(g.blob, g.etag, g.offset, g.length)) for g in gets])
 
-    async def main() -> float:
+    async def list_all(client: AzureStorageClient) -> set[str]:
+        names: set[str] = set()
+        token: str | None = None
+        while True:
+            page = await client.list_page("", delimiter=None, continuation=token)
+            names.update(blob.name for blob in page.blobs)
+            if (token := page.continuation) is None:
+                return names
+
+    async def run_steps(client: AzureStorageClient, steps: Sequence[tuple[RangeGet, ...]]) -> None:
+        for step in steps:
+            gets = iter(step)
+            if len(step) == 1:
+                await drain(client, gets)
+                continue
+            async with trio.open_nursery() as nursery:
+                for _ in range(min(plan.concurrency, len(step))):
+                    nursery.start_soon(drain, client, gets)
+
+    async def main() -> None:
         # max_connections as the daemon sets it: max(64, 2 * READ_THREADS)
         client = AzureStorageClient(az.account_url, container, az.credential(), max_connections=64)
         try:
             await client.get_properties(plan.steps[0][0].blob)
-            meter.start()
-            started = time.perf_counter()
             with trio.fail_after(timeout_s):
-                for step in plan.steps:
-                    gets = iter(step)
-                    if len(step) == 1:
-                        await drain(client, gets)
-                        continue
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(min(plan.concurrency, len(step))):
-                            nursery.start_soon(drain, client, gets)
-            elapsed = time.perf_counter() - started
-            meter.stop()
-            return elapsed
+                for i, (phase, steps) in enumerate(phase_items(plan.phases, plan.steps)):
+                    if i:
+                        drop_kernel_caches()  # as between a mount's phases
+                    if phase.in_total:
+                        meter.start()
+                    started = time.perf_counter()
+                    if phase.listing is None:
+                        await run_steps(client, steps)
+                    else:
+                        found = await list_all(client)
+                        run.listing_mismatch = run.listing_mismatch or listing_mismatch(
+                            phase.name, found, phase.listing
+                        )
+                    run.add(phase, time.perf_counter() - started, bool(plan.phases))
+                    if phase.in_total:
+                        meter.stop()
         finally:
             with trio.CancelScope(shield=True):
                 await client.aclose()
 
-    seconds = trio.run(main)
-    return seconds, got
+    trio.run(main)
+    return run, got
 
 
 # -- mounts ------------------------------------------------------------------------------------
@@ -582,58 +644,116 @@ class MountedDaemon:
         self.stop()
 
 
-def read_through_mount(root: Path, plan: MountPlan, buf: bytearray, timeout_s: float) -> None:
-    """Run the plan's jobs on `plan.threads` threads; every read goes into `buf` at its dest.
+def _in_threads(
+    name: str, threads: int, work: Callable[[threading.Event], None], timeout_s: float
+) -> None:
+    """Run `work(stop)` on `threads` threads; the first error sets `stop` for the others.
 
-    Raises the first reader error, or TimeoutError (the caller then aborts the mount, which
-    unblocks the readers).
+    Raises the first error, or TimeoutError (the caller then aborts the mount, which unblocks
+    the threads).
     """
-    view = memoryview(buf)
-    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    for job in plan.jobs:
-        jobs.put(job)
     errors: list[BaseException] = []
     stop = threading.Event()
-    base = str(root)
 
-    def reader() -> None:
+    def guarded() -> None:
         try:
-            while not stop.is_set():
-                try:
-                    job = jobs.get_nowait()
-                except queue.Empty:
-                    return
-                fd = os.open(f"{base}/{job.blob}", os.O_RDONLY)
-                try:
-                    for r in job.reads:
-                        done = 0
-                        while done < r.length:
-                            n = os.preadv(
-                                fd, [view[r.dest + done : r.dest + r.length]], r.offset + done
-                            )
-                            if n <= 0:
-                                raise OSError(f"{job.blob}: read ended at {r.offset + done}")
-                            done += n
-                finally:
-                    os.close(fd)
+            work(stop)
         except BaseException as exc:
             errors.append(exc)
             stop.set()
 
-    threads = [
-        threading.Thread(target=reader, name=f"reader-{i}", daemon=True)
-        for i in range(plan.threads)
+    pool = [
+        threading.Thread(target=guarded, name=f"{name}-{i}", daemon=True) for i in range(threads)
     ]
-    for thread in threads:
+    for thread in pool:
         thread.start()
     deadline = time.monotonic() + timeout_s
-    for thread in threads:
+    for thread in pool:
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             stop.set()
-            raise TimeoutError(f"readers still busy after {timeout_s:.0f}s")
+            raise TimeoutError(f"{name} threads still busy after {timeout_s:.0f}s")
     if errors:
         raise errors[0]
+
+
+@dataclass(frozen=True, slots=True)
+class HintSource:
+    """Read-order hints for a mount run: how far ahead, and the daemon's environment (which
+    says where its hint socket is)."""
+
+    window: int
+    environ: Mapping[str, str]
+
+    def wrap(self, jobs: Iterator[FileJob], path_of: Callable[[FileJob], str]) -> Iterator[FileJob]:
+        from blobmount.hints.client import hinted
+
+        return hinted(jobs, window=self.window, path_of=path_of, environ=self.environ)
+
+
+def read_through_mount(
+    root: Path,
+    jobs: Sequence[FileJob],
+    threads: int,
+    buf: bytearray,
+    timeout_s: float,
+    hints: HintSource | None = None,
+) -> None:
+    """Run `jobs` on `threads` reader threads; every read goes into `buf` at its dest. With
+    `hints`, the jobs' paths are hinted to the mount a window ahead of the readers, in the order
+    the readers take them (what `blobmount.hints.client.HintedSampler` does for a data loader)."""
+    view = memoryview(buf)
+    base = str(root)
+    source: Iterator[FileJob] = iter(jobs)
+    if hints is not None:
+        source = hints.wrap(source, lambda job: f"{base}/{job.blob}")
+    taking = threading.Lock()
+
+    def reader(stop: threading.Event) -> None:
+        while not stop.is_set():
+            with taking:
+                job = next(source, None)
+            if job is None:
+                return
+            fd = os.open(f"{base}/{job.blob}", os.O_RDONLY)
+            try:
+                for r in job.reads:
+                    done = 0
+                    while done < r.length:
+                        n = os.preadv(
+                            fd, [view[r.dest + done : r.dest + r.length]], r.offset + done
+                        )
+                        if n <= 0:
+                            raise OSError(f"{job.blob}: read ended at {r.offset + done}")
+                        done += n
+            finally:
+                os.close(fd)
+
+    _in_threads("reader", threads, reader, timeout_s)
+
+
+def walk_mount(root: Path, timeout_s: float) -> set[str]:
+    """Every file under `root` (os.walk: a scandir of each folder, no stat of files), as paths
+    relative to it: what a data loader indexing its dataset does."""
+    found: set[str] = set()
+
+    def walk(stop: threading.Event) -> None:
+        for folder, _, files in os.walk(root):
+            rel = os.path.relpath(folder, root)
+            found.update(name if rel == "." else f"{rel}/{name}" for name in files)
+
+    _in_threads("walker", 1, walk, timeout_s)
+    return found
+
+
+def listing_mismatch(name: str, found: set[str], want: frozenset[str]) -> str | None:
+    """None if a listing found exactly the expected files, else what differed."""
+    missing, extra = sorted(want - found), sorted(found - want)
+    if not missing and not extra:
+        return None
+    return (
+        f"{name}: {len(missing)} file(s) missing {missing[:3]}, {len(extra)} unexpected {extra[:3]}"
+    )
 
 
 class MountSystem(System):
@@ -649,6 +769,10 @@ class MountSystem(System):
         """The daemon's counters, or None if it has none."""
         return None
 
+    def hints(self, daemon: MountedDaemon) -> HintSource | None:
+        """Read-order hints the readers send this mount (None: none)."""
+        return None
+
     def describe(self, workload: Workload) -> str:
         return f"{self.description}; {workload.mount.description}"
 
@@ -661,7 +785,7 @@ class MountSystem(System):
         spy: PySpy | None = None
         with daemon:
             before = self.stats(daemon)
-            rss_mounted = _proc_status_kib(daemon.pid, "VmRSS")
+            rss_mounted = proc_status_kib(daemon.pid, "VmRSS")
             meter = ResourceMeter(
                 {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid}
             )
@@ -669,25 +793,21 @@ class MountSystem(System):
                 flame = bench.out_dir / "profiles" / f"{scenario.name}-{self.name}-{run_no}.txt"
                 spy = PySpy(daemon.pid, flame)
             try:
-                meter.start()
-                started = time.perf_counter()
-                try:
-                    read_through_mount(
-                        daemon.mountpoint, workload.mount, buf, timeout_for(workload, bench)
-                    )
-                except Exception as exc:
-                    raise RuntimeError(f"{exc}\n--- daemon log ---\n{daemon.log_tail()}") from exc
-                seconds = time.perf_counter() - started
-                usage = meter.stop()
+                timed = self._run_phases(
+                    daemon, workload.mount, buf, meter, before, timeout_for(workload, bench)
+                )
             finally:
                 if spy is not None:
                     spy.stop()
-            after = self.stats(daemon)
-            hwm = _proc_status_kib(daemon.pid, "VmHWM")
-        mismatch = verify_mount_reads(workload.mount, buf, workload.source)
+            after = timed.stats_after if workload.mount.phases else self.stats(daemon)
+            hwm = proc_status_kib(daemon.pid, "VmHWM")
+        mismatch = timed.listing_mismatch or verify_mount_reads(
+            workload.mount, buf, workload.source
+        )
         del buf
+        usage = meter.usage
         return RunMetrics(
-            seconds=seconds,
+            seconds=timed.seconds,
             verified=mismatch is None,
             client_cpu_s=usage.get("daemon"),
             harness_cpu_s=usage.get("harness"),
@@ -700,7 +820,61 @@ class MountSystem(System):
             stats_after=after,
             profile_file=None if spy is None else str(spy.out_file),
             mismatch_at=mismatch,
+            phases=timed.phases,
+            phase_storage=timed.phase_storage,
         )
+
+    def _run_phases(
+        self,
+        daemon: MountedDaemon,
+        plan: MountPlan,
+        buf: bytearray,
+        meter: ResourceMeter,
+        stats_before: dict[str, Any] | None,
+        timeout_s: float,
+    ) -> PhasedRun:
+        """The plan's phases in order on one mount; only phases in the total are metered.
+
+        Between phases: the kernel's caches are dropped and (for a plan with phases) the
+        daemon's counters read, both untimed.
+        """
+        run = PhasedRun()
+        deadline = time.monotonic() + timeout_s
+        last_stats = stats_before
+        for i, (phase, jobs) in enumerate(phase_items(plan.phases, plan.jobs)):
+            if i:
+                drop_kernel_caches()
+            if phase.in_total:
+                meter.start()
+            started = time.perf_counter()
+            try:
+                if phase.listing is None:
+                    read_through_mount(
+                        daemon.mountpoint,
+                        jobs,
+                        plan.threads,
+                        buf,
+                        deadline - time.monotonic(),
+                        self.hints(daemon),
+                    )
+                else:
+                    found = walk_mount(daemon.mountpoint, deadline - time.monotonic())
+                    run.listing_mismatch = run.listing_mismatch or listing_mismatch(
+                        phase.name, found, phase.listing
+                    )
+            except Exception as exc:
+                where = f"{phase.name}: " if plan.phases else ""
+                raise RuntimeError(
+                    f"{where}{exc}\n--- daemon log ---\n{daemon.log_tail()}"
+                ) from exc
+            run.add(phase, time.perf_counter() - started, bool(plan.phases))
+            if phase.in_total:
+                meter.stop()
+            if plan.phases:
+                now = self.stats(daemon)
+                run.phase_storage[phase.name] = _storage_delta(last_stats, now)
+                last_stats = run.stats_after = now
+        return run
 
 
 def _storage_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, int]:
@@ -718,20 +892,34 @@ class BlobmountSystem(MountSystem):
     """`blobmount mount --foreground`, fresh, with the scenario's seed-recommended settings
     (and, for a diagnostic variant, `extra_env` on top)."""
 
-    def __init__(self, name: str = "blobmount", extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "blobmount",
+        extra_env: Mapping[str, str] | None = None,
+        hint_window: int = 0,
+    ) -> None:
         self.name = name
         self.extra_env = dict(extra_env or {})
+        self.hint_window = hint_window
         self.kind = "diagnostic" if extra_env else "mount"
         self.description = "blobmount mount (block mode), fresh daemon and cache dir"
         if extra_env:
             changed = " ".join(f"{k}={v}" for k, v in self.extra_env.items())
             self.description = f"diagnostic: {self.description}, with {changed}"
+        if hint_window:
+            self.description += (
+                f"; the readers' order hinted {hint_window} files ahead "
+                "(blobmount.hints.client.hinted)"
+            )
+
+    def hints(self, daemon: MountedDaemon) -> HintSource | None:
+        return HintSource(self.hint_window, daemon.env) if self.hint_window else None
 
     def settings(self, scenario: Scenario) -> dict[str, str]:
         return {**scenario.mount_env, **self.extra_env}
 
     def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
         env.update(self.settings(scenario))
         env["AZURE_STORAGE_CONNECTION_STRING"] = store.az.connection_string
         env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
@@ -769,12 +957,3 @@ class BlobmountSystem(MountSystem):
             return None
         stats: dict[str, Any] = json.loads(done.stdout)
         return stats
-
-
-def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
-    """Ceilings first (reference, then diagnostics), then the mount, then its variants."""
-    return [
-        *(CeilingSystem(name) for name in workload.ceilings),
-        BlobmountSystem(),
-        *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
-    ]

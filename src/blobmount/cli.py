@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     from blobmount.cachedir.commands import add_cache_parser
 
     add_cache_parser(sub)
+    from blobmount.warm.command import add_warm_parser
+
+    add_warm_parser(sub)
     return parser
 
 
@@ -128,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             from blobmount.cachedir.commands import run_cache
 
             return run_cache(args)
+        if args.command == "warm":
+            from blobmount.warm.command import run_warm
+
+            return run_warm(args)
     except BlobmountError as exc:
         print(f"blobmount: {exc}", file=sys.stderr)
         return 1

@@ -24,15 +24,19 @@ from blobmount.blocks.disk_tier import open_disk_tier
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobmountError, StorageError
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.hints.coordinator import HintConfig, HintCoordinator
+from blobmount.hints.server import serve_hints
+from blobmount.hints.whole_file import WholeFileHints
 from blobmount.metrics import open_metrics
 from blobmount.readiness import ReadyNotifier
-from blobmount.runstate import MountRecord, stats_socket
+from blobmount.runstate import MountRecord, hints_socket, stats_socket
 from blobmount.settings import Settings, describe
 from blobmount.source import SourceSpec
 from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.retry import RetryingStorageClient
+from blobmount.wholefile.cache import open_whole_file_mode
 
 if TYPE_CHECKING:
     from blobmount.fs.fuse_ops import FuseOperations
@@ -68,6 +72,8 @@ def block_manager_config(settings: Settings) -> BlockManagerConfig:
         prefetch_slots=settings.read_threads,
         ram_bytes=settings.memory_cache_size,
         read_ahead_budget_bytes=read_ahead_budget(settings),
+        hint_bytes=settings.hint_memory_limit,
+        hint_slots=settings.hint_threads,
     )
 
 
@@ -160,10 +166,19 @@ async def serve(
             # first: a metrics port in use stops the mount before anything is mounted
             open_metrics(settings.metrics_addr) as metrics,
             open_disk_tier(settings, storage.location) as disk,
+            open_whole_file_mode(settings, storage) as whole_files,
             trio.open_nursery() as work,
         ):
             blocks = BlockManager(storage, block_manager_config(settings), work, disk)
-            fs = BlobFilesystem(storage, blocks, fs_config(settings, spec))
+            fs = BlobFilesystem(storage, blocks, fs_config(settings, spec), whole_files)
+            hints = HintCoordinator(
+                HintConfig(window=settings.hint_window_files),
+                blocks if whole_files is None else WholeFileHints(whole_files, work),
+                fs.version_of,
+                spec.prefix,
+            )
+            blocks.hinted.on_free = hints.room_freed
+            fs.open_listener = hints
             ops = FuseOperations(fs)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
             record = MountRecord(
@@ -172,7 +187,12 @@ async def serve(
                 spec.display,
                 str(request.log_file) if request.log_file else None,
             )
-            meter = ThroughputMeter(lambda: blocks.statistics().bytes_served)
+            meter = ThroughputMeter(
+                lambda: (
+                    blocks.statistics().bytes_served
+                    + (whole_files.served_bytes if whole_files is not None else 0)
+                )
+            )
             started = time.monotonic()
 
             def snapshot() -> Snapshot:
@@ -189,6 +209,10 @@ async def serve(
                     "retry": as_dict(retrying.statistics()),
                     "blocks": as_dict(blocks.statistics()),
                     "disk": None if disk is None else as_dict(disk.statistics()),
+                    "hints": as_dict(hints.statistics()),
+                    "whole_file": None
+                    if whole_files is None
+                    else as_dict(whole_files.statistics()),
                 }
 
             metrics.publish(snapshot)
@@ -196,6 +220,9 @@ async def serve(
                 async with trio.open_nursery() as control:
                     fuse_scope = trio.CancelScope()
                     await control.start(serve_stats, stats_socket(request.mountpoint), snapshot)
+                    await control.start(
+                        serve_hints, hints_socket(request.mountpoint), hints, request.mountpoint
+                    )
                     control.start_soon(_sample_every_second, meter)
                     control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
                     control.start_soon(_report_ready, request, notifier, record)

@@ -116,6 +116,73 @@ SIMPLE: tuple[tuple[str, str, str, str], ...] = (
         "disk.writer.max_queue_bytes",
     ),
     ("counter", "disk_blocks_written", "Blocks written to the disk tier", "disk.writer.written"),
+    # read-order hints
+    ("counter", "hints_received", "Read-order hints received", "hints.received"),
+    ("counter", "hints_used", "Hinted files opened after their fetch started", "hints.used"),
+    ("counter", "hints_late", "Hints the reader overtook", "hints.late"),
+    ("counter", "hints_wasted", "Files fetched for hints and never opened", "hints.wasted"),
+    ("gauge", "hints_ahead_files", "Hinted files fetched ahead, not opened yet", "hints.ahead"),
+    (
+        "gauge",
+        "hinted_bytes",
+        "Bytes of hinted blocks held for their readers",
+        "blocks.hinted.held_bytes",
+    ),
+    (
+        "counter",
+        "hinted_dropped_bytes",
+        "Bytes fetched for hints and never read",
+        "blocks.hinted.dropped_bytes",
+    ),
+    # whole-file mode
+    (
+        "counter",
+        "whole_file_read_bytes",
+        "Bytes served to readers from whole-file copies",
+        "whole_file.served_bytes",
+    ),
+    (
+        "counter",
+        "whole_file_downloads",
+        "Files downloaded into the whole-file cache",
+        "whole_file.downloads",
+    ),
+    (
+        "counter",
+        "whole_file_downloaded_bytes",
+        "Bytes downloaded into the whole-file cache",
+        "whole_file.downloaded_bytes",
+    ),
+    (
+        "counter",
+        "whole_file_cached_opens",
+        "Opens served by a file already in the whole-file cache",
+        "whole_file.cached_opens",
+    ),
+    (
+        "counter",
+        "whole_file_fallbacks",
+        "Opens streamed in block mode because the file does not fit in the cache",
+        "whole_file.fallbacks",
+    ),
+    (
+        "counter",
+        "whole_file_failed_downloads",
+        "Whole-file downloads that failed (the open got EIO)",
+        "whole_file.failed_downloads",
+    ),
+    (
+        "gauge",
+        "whole_file_cache_bytes",
+        "Bytes in the whole-file cache",
+        "whole_file.space.used_bytes",
+    ),
+    (
+        "gauge",
+        "whole_file_cache_limit_bytes",
+        "Whole-file cache size",
+        "whole_file.space.capacity_bytes",
+    ),
 )
 
 # (type, name, help, label, {label value: path})

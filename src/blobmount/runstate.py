@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-def runtime_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR")
+def runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where daemons keep their sockets; `environ` is the daemon's environment (default: ours)."""
+    base = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR")
     if base:
         return Path(base) / "blobmount"
     if os.geteuid() == 0:
@@ -32,6 +34,11 @@ def _key(mountpoint: Path) -> str:
 def stats_socket(mountpoint: Path) -> Path:
     """Where a mount's daemon answers `blobmount stats` (outside the mounted namespace)."""
     return runtime_dir() / f"{_key(mountpoint)}.sock"
+
+
+def hints_socket(mountpoint: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """Where a mount's daemon takes read-order hints (`blobmount.hints`), outside the mount."""
+    return runtime_dir(environ) / f"{_key(mountpoint)}.hints"
 
 
 def default_log_file(mountpoint: Path) -> Path:

@@ -497,6 +497,15 @@ class Settings(BaseSettings):
     metrics_addr: Annotated[str | None, _Optional(_ListenAddress(), "off")] = _env(
         "DATASET_MOUNT_METRICS_ADDR"
     )
+    hint_memory_limit: Annotated[int, _Size(example="256MB")] = _env(
+        "DATASET_MOUNT_HINT_MEMORY_LIMIT", 256 * MiB
+    )
+    hint_window_files: Annotated[int, _Int(1, 1_000_000, what="a number of files")] = _env(
+        "DATASET_MOUNT_HINT_WINDOW", 512
+    )
+    hint_threads: Annotated[int, _Int(1, 1024, what="a number of requests")] = _env(
+        "DATASET_MOUNT_HINT_THREADS", 32
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

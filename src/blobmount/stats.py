@@ -10,7 +10,6 @@ import collections
 import dataclasses
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 import trio
 
 from blobmount.units import format_size
+from blobmount.unixsock import listen_unix
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +60,7 @@ async def serve_stats(
 
     Started with `nursery.start`, it returns only once the socket is listening, so a `stats`
     call made as soon as the mount answers is never refused."""
-    # a few metadata calls at start and stop: not worth a thread
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.unlink(missing_ok=True)  # noqa: ASYNC240
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await sock.bind(str(path))
-    os.chmod(path, 0o600)
-    sock.listen(16)
+    listener = await listen_unix(path)
     task_status.started()
 
     async def answer(stream: trio.SocketStream) -> None:
@@ -77,7 +71,7 @@ async def serve_stats(
                 pass
 
     try:
-        await trio.serve_listeners(answer, [trio.SocketListener(sock)])
+        await trio.serve_listeners(answer, [listener])
     finally:
         path.unlink(missing_ok=True)  # noqa: ASYNC240
 
@@ -123,6 +117,8 @@ def format_stats(s: Snapshot) -> str:
         f"RAM tier          {format_size(ram['used_bytes'])} of "
         f"{format_size(ram['capacity_bytes'])} ({ram['entries']} blocks)",
         _disk_line(s.get("disk")),
+        *_whole_file_lines(s.get("whole_file")),
+        *_hint_lines(s.get("hints"), blocks.get("hinted")),
         f"waiting on storage {blocks['storage_waits']} reads, "
         f"{blocks['storage_wait_s']:.2f}s total; {fetcher['in_flight']} fetches in flight",
         f"open files        {s['open_files']}, inodes {s['inodes']}",
@@ -149,3 +145,32 @@ def _disk_line(disk: dict[str, Any] | None) -> str:
         f"{disk['corrupt']} corrupt; queue {format_size(writer['queued_bytes'])}, "
         f"{writer['written']} written, {dropped} not written"
     )
+
+
+def _whole_file_lines(whole: dict[str, Any] | None) -> list[str]:
+    if not whole:
+        return []  # block mode
+    space = whole["space"]
+    return [
+        f"whole-file cache  {format_size(space['used_bytes'])} of "
+        f"{format_size(space['capacity_bytes'])} ({space['entries']} files), "
+        f"{whole['open_copies']} open; opens: {whole['cached_opens']} cached, "
+        f"{whole['shared_opens']} shared, {whole['downloads']} downloaded "
+        f"({format_size(whole['downloaded_bytes'])}), {whole['fallbacks']} streamed, "
+        f"{whole['failed_downloads']} failed, {whole['corrupt']} corrupt"
+    ]
+
+
+def _hint_lines(hints: dict[str, Any] | None, store: dict[str, Any] | None) -> list[str]:
+    if not hints or not hints["received"]:
+        return []  # no job has sent hints
+    line = (
+        f"hints             {hints['received']} received, {hints['used']} used, "
+        f"{hints['late']} late, {hints['wasted']} wasted, {hints['invalid']} invalid; "
+        f"{hints['ahead']} files ahead, {hints['queued']} queued, {hints['streams']} streams"
+    )
+    if store:
+        line += (
+            f"; holding {format_size(store['held_bytes'])} of {format_size(store['limit_bytes'])}"
+        )
+    return [line]

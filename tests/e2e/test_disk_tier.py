@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
-from blobmount.runstate import stats_socket
-from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.mount import daemon_stats as stats
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -66,18 +65,6 @@ def dataset(azurite):
 @pytest.fixture
 def cache_dir(tmp_path) -> Path:
     return tmp_path / "cache"
-
-
-def stats(daemon) -> dict:
-    # The daemon may answer FUSE a moment before its stats socket listens (seen under load).
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return fetch_stats(stats_socket(daemon.mountpoint))
-        except (ConnectionRefusedError, FileNotFoundError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def wait_written(daemon, timeout_s: float = 120.0, blocks: int | None = None) -> dict:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from blobmount.testing.pattern import pattern_bytes, pattern_sha256
+from tests.helpers.sqlite_db import sqlite_bytes
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -44,16 +45,6 @@ def _tar_bytes() -> bytes:
     return buf.getvalue()
 
 
-def _sqlite_bytes(tmp_path) -> bytes:
-    path = tmp_path / "src.db"
-    con = sqlite3.connect(path)
-    con.execute("create table t (id integer primary key, v text)")
-    con.executemany("insert into t values (?, ?)", [(i, f"value-{i}" * 20) for i in range(20000)])
-    con.commit()
-    con.close()
-    return path.read_bytes()
-
-
 @pytest.fixture(scope="module")
 def dataset(azurite, tmp_path_factory):
     """One container for the module: sizes, nesting, markers, awkward names."""
@@ -77,7 +68,9 @@ def dataset(azurite, tmp_path_factory):
     tar = _tar_bytes()
     items.append(("archives/shard.tar", tar))
     expected["archives/shard.tar"] = hashlib.sha256(tar).hexdigest()
-    db = _sqlite_bytes(tmp_path_factory.mktemp("db"))
+    db = sqlite_bytes(
+        tmp_path_factory.mktemp("db"), 20000, lambda i: f"value-{i}" * 20, index=False
+    )
     items.append(("db/data.sqlite", db))
     expected["db/data.sqlite"] = hashlib.sha256(db).hexdigest()
     azurite.upload_many(container, items)

@@ -117,3 +117,19 @@ class MountedDaemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+def daemon_stats(daemon: MountedDaemon) -> dict:
+    """The daemon's live stats. It may answer FUSE a moment before its stats socket listens
+    (seen under load), so a refused connection is tried again for a few seconds."""
+    from blobmount.runstate import stats_socket
+    from blobmount.stats import fetch_stats
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return fetch_stats(stats_socket(daemon.mountpoint))
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

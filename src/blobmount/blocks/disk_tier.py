@@ -42,12 +42,12 @@ from blobmount.blocks.fetcher import DiskTier
 from blobmount.blocks.keys import BlockKey
 from blobmount.cachedir.layout import (
     CacheLayout,
-    DirLock,
     allocated_bytes,
     atomic_write,
     free_bytes,
 )
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
+from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
 
 if TYPE_CHECKING:
@@ -62,7 +62,6 @@ FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sHHIIQQI")
 _U32 = struct.Struct("<I")
 #: how long a `cache clear` may hold the directory before a starting mount goes on without it
-LOCK_WAIT_S = 10.0
 
 
 # -- the file format (pure) -----------------------------------------------------------------
@@ -237,6 +236,7 @@ def disk_tier_config(settings: Settings) -> DiskTierConfig:
 @dataclass(frozen=True, slots=True)
 class DiskTierStats:
     cache_dir: str
+    block_size: int  # blocks are cached per block size (`blobmount warm` sizes files with it)
     hits: int
     hit_bytes: int
     misses: int
@@ -369,6 +369,7 @@ class BlockDiskTier:
     def statistics(self) -> DiskTierStats:
         return DiskTierStats(
             cache_dir=str(self.layout.root),
+            block_size=self.config.block_size,
             hits=self._hits,
             hit_bytes=self._hit_bytes,
             misses=self._misses,
@@ -378,16 +379,6 @@ class BlockDiskTier:
             writer=self.writer.statistics(),
             space=self.pruner.statistics(),
         )
-
-
-def _prepare(layout: CacheLayout, location: str, lock: DirLock) -> int:
-    """(worker thread) Create the directory, take the shared lock. Returns the allocation unit."""
-    layout.prepare(KIND, location)
-    if not lock.acquire(shared=True, wait_s=LOCK_WAIT_S):
-        log.warning(
-            "disk cache %s is locked by `blobmount cache clear`; using it anyway", layout.root
-        )
-    return free_bytes(layout.root)[1]
 
 
 @asynccontextmanager
@@ -405,26 +396,18 @@ async def open_block_disk_tier(
         log.info("disk cache off (DATASET_MOUNT_CACHE_SIZE=0)")
         yield None
         return
-    layout = CacheLayout(config.root)
-    lock = DirLock(layout.lock_path)
-    try:
-        alloc_unit = await trio.to_thread.run_sync(_prepare, layout, location, lock)
-    except OSError as exc:
-        log.warning("disk cache %s cannot be used (%s); caching in RAM only", config.root, exc)
-        yield None
-        return
-    tier = BlockDiskTier(config, location, layout, alloc_unit)
-    log.info("disk cache %s for %s", config.root, location)
-    body_error: Exception | None = None
-    try:
-        async with trio.open_nursery() as nursery:
+    async with using_cache_dir(config.root, KIND, location) as cache_dir:
+        if cache_dir is None:
+            log.warning("disk cache off: caching in RAM only")
+            yield None
+            return
+        tier = BlockDiskTier(config, location, cache_dir.layout, cache_dir.alloc_unit)
+        log.info("disk cache %s for %s", config.root, location)
+        async with background_tasks() as nursery:
             nursery.start_soon(tier.pruner.run)
             nursery.start_soon(tier.writer.run)
             try:
                 yield tier
-            except Exception as exc:
-                # re-raised below, outside the nursery, so callers see it unwrapped
-                body_error = exc
             finally:
                 tier.writer.close()
                 with trio.CancelScope(shield=True) as drain:
@@ -433,16 +416,15 @@ async def open_block_disk_tier(
                 left = tier.writer.statistics().queued_blocks
                 if left:
                     log.warning("disk cache: %d queued blocks not written at unmount", left)
-                nursery.cancel_scope.cancel()
-    finally:
-        lock.release()
-    if body_error is not None:
-        raise body_error
 
 
 @asynccontextmanager
 async def open_disk_tier(settings: Settings, location: str) -> AsyncIterator[DiskTier | None]:
     """The disk tier of a mount of `location` ("account/container"), configured by `settings`;
     None when off or unusable. Owns its background tasks and stops them on exit."""
+    if not settings.block_based_cache_enabled:
+        log.info("whole-file mode: the block disk cache is off (files that do not fit stream)")
+        yield None
+        return
     async with open_block_disk_tier(disk_tier_config(settings), location) as tier:
         yield tier

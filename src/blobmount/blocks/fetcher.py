@@ -43,8 +43,9 @@ class DiskTier(Protocol):
     def statistics(self) -> object: ...
 
 
-#: told about every block that arrives from storage or disk: (key, data, came_from_disk)
-Arrival = Callable[[BlockKey, bytes, bool], None]
+#: told about every block that arrives from storage or disk: (key, data, came_from_disk,
+#: fetched_for_a_hint)
+Arrival = Callable[[BlockKey, bytes, bool, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +65,12 @@ Listener = Callable[[bytes | None, Exception | None], None]
 
 
 class _Fetch:
-    __slots__ = ("data", "done", "error", "listeners", "queue_scope", "urgent")
+    __slots__ = ("data", "done", "error", "hinted", "limiter", "listeners", "queue_scope", "urgent")
 
-    def __init__(self, urgent: bool) -> None:
+    def __init__(self, urgent: bool, limiter: trio.CapacityLimiter, hinted: bool) -> None:
         self.urgent = urgent
+        self.limiter = limiter
+        self.hinted = hinted
         self.listeners: list[Listener] = []
         self.done = trio.Event()
         self.data: bytes | None = None
@@ -124,17 +127,32 @@ class BlockFetcher:
         assert fetch.data is not None
         return fetch.data
 
-    def prefetch(self, key: BlockKey, version: BlobVersion, listener: Listener) -> None:
+    def prefetch(
+        self,
+        key: BlockKey,
+        version: BlobVersion,
+        listener: Listener,
+        *,
+        hint_slots: trio.CapacityLimiter | None = None,
+    ) -> None:
         """Fetch a block in the background (queued for a prefetch slot) and call `listener`
         synchronously when it ends, before the block leaves the in-flight table, so no reader
-        can miss it in between."""
+        can miss it in between. With `hint_slots`, the fetch is for a hint: it queues for
+        those slots instead, so hints never hold up read-ahead (and the reverse)."""
         fetch = self._in_flight.get(key)
         if fetch is None:
-            fetch = self._start(key, version, urgent=False)
+            fetch = self._start(key, version, urgent=False, hint_slots=hint_slots)
         fetch.listeners.append(listener)
 
-    def _start(self, key: BlockKey, version: BlobVersion, *, urgent: bool) -> _Fetch:
-        fetch = _Fetch(urgent)
+    def _start(
+        self,
+        key: BlockKey,
+        version: BlobVersion,
+        *,
+        urgent: bool,
+        hint_slots: trio.CapacityLimiter | None = None,
+    ) -> _Fetch:
+        fetch = _Fetch(urgent, hint_slots or self._limiter, hint_slots is not None)
         self._in_flight[key] = fetch
         if urgent:
             self._demand += 1
@@ -149,7 +167,7 @@ class BlockFetcher:
             if not fetch.urgent:
                 with trio.CancelScope() as scope:
                     fetch.queue_scope = scope
-                    await self._limiter.acquire_on_behalf_of(fetch)
+                    await fetch.limiter.acquire_on_behalf_of(fetch)
                     acquired = True
                 fetch.queue_scope = None
             start, length = block_span(key.index, self._block_size, version.size)
@@ -173,7 +191,7 @@ class BlockFetcher:
             else:
                 self._fetched_bytes += len(data)
             if self._on_arrival is not None:
-                self._on_arrival(key, data, from_disk)
+                self._on_arrival(key, data, from_disk, fetch.hinted)
         except Exception as exc:  # handed to every waiter
             self._failed += 1
             fetch.error = exc
@@ -181,7 +199,7 @@ class BlockFetcher:
             if fetch.data is None and fetch.error is None:  # cancelled: the mount is closing
                 fetch.error = StorageUnavailable(f"fetch of {key.name} cancelled")
             if acquired:
-                self._limiter.release_on_behalf_of(fetch)
+                fetch.limiter.release_on_behalf_of(fetch)
             for listener in fetch.listeners:
                 try:
                     listener(fetch.data, fetch.error)

@@ -1,9 +1,9 @@
 """BlockManager: serve reads of pinned blob versions from fixed-size blocks.
 
 Lookup order for a block: the handle's own buffer (blocks it is reading now and its read-ahead),
-the RAM tier, an in-flight load, a new load (the disk tier when it has the block, else storage;
-see fetcher.py). A read returns as
-soon as its own blocks are there; it never waits for read-ahead.
+the hinted blocks (fetched ahead for a file the job said it would read next, see hinted.py), the
+RAM tier, an in-flight load, a new load (the disk tier when it has the block, else storage; see
+fetcher.py). A read returns as soon as its own blocks are there; it never waits for read-ahead.
 
 Memory: the RAM tier is bounded by its capacity; blocks held by handles (current and prefetched)
 are bounded by one global read-ahead budget. Prefetches are only started when the budget has room;
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import trio
 
 from blobmount.blocks.fetcher import BlockFetcher, DiskTier, FetcherStats
+from blobmount.blocks.hinted import HintedBlocks, HintedBlockStats
 from blobmount.blocks.keys import BlobVersion, BlockKey, block_count, block_span, blocks_covering
 from blobmount.blocks.ram_tier import RamTier, RamTierStats
 from blobmount.blocks.readahead import ReadAheadPolicy
@@ -36,6 +37,10 @@ class BlockManagerConfig:
     prefetch_slots: int
     ram_bytes: int
     read_ahead_budget_bytes: int
+    #: bytes of hinted blocks held for their readers (DATASET_MOUNT_HINT_MEMORY_LIMIT)
+    hint_bytes: int = 0
+    #: hinted fetches at once (DATASET_MOUNT_HINT_THREADS)
+    hint_slots: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -47,6 +52,7 @@ class BlockManagerStats:
     reads: int
     bytes_served: int
     buffer_hits: int
+    hinted_hits: int
     ram_hits: int
     storage_waits: int
     storage_wait_s: float
@@ -59,6 +65,7 @@ class BlockManagerStats:
     open_handles: int
     ram: RamTierStats
     fetcher: FetcherStats
+    hinted: HintedBlockStats
 
 
 class ReadAheadBudget:
@@ -107,6 +114,8 @@ class BlockManager:
         self._disk = disk_tier
         self.ram = RamTier(config.ram_bytes)
         self.budget = ReadAheadBudget(config.read_ahead_budget_bytes)
+        self.hinted = HintedBlocks(config.hint_bytes)
+        self._hint_slots = trio.CapacityLimiter(max(1, config.hint_slots))
         self.fetcher = BlockFetcher(
             storage, config.block_size, config.prefetch_slots, nursery, self._on_arrival, disk_tier
         )
@@ -114,6 +123,7 @@ class BlockManager:
         self._reads = 0
         self._bytes_served = 0
         self._buffer_hits = 0
+        self._hinted_hits = 0
         self._ram_hits = 0
         self._storage_waits = 0
         self._storage_wait_s = 0.0
@@ -182,8 +192,10 @@ class BlockManager:
             return data
         version = handle.version
         key = BlockKey(version.name, version.etag, index)
-        data = self.ram.get(key)
+        data = self.hinted.take(key)
         if data is not None:
+            self._hinted_hits += 1
+        elif (data := self.ram.get(key)) is not None:
             self._ram_hits += 1
         else:
             started = trio.current_time()
@@ -192,6 +204,8 @@ class BlockManager:
             finally:
                 self._storage_waits += 1
                 self._storage_wait_s += trio.current_time() - started
+            # a hinted fetch this read joined left its block in the hinted store as it landed
+            self.hinted.take(key)
         self._retain(handle, index, data, reserved=0)
         return data
 
@@ -255,8 +269,65 @@ class BlockManager:
             handle.prefetched.discard(index)
             self._prefetch_wasted += 1
 
-    def _on_arrival(self, key: BlockKey, data: bytes, from_disk: bool) -> None:
-        self.ram.put(key, data)  # a disk hit is promoted to RAM
+    # -- hints -------------------------------------------------------------------------------
+
+    def fetch_hinted(
+        self,
+        version: BlobVersion,
+        max_blocks: int,
+        wanted: Callable[[], bool],
+        landed: Callable[[bool], None],
+    ) -> int | None:
+        """Fetch the first `max_blocks` blocks of a file a hint says will be read soon into the
+        hinted store. Returns how many fetches started (0: everything is already at hand), or
+        None if the store has no room for them now (nothing started; try again later).
+
+        As each block lands, it is kept only if `wanted()` still says so (the file has not been
+        given up on or closed meanwhile); then `landed(ok)` is called."""
+        bsize = self.config.block_size
+        todo: list[tuple[BlockKey, int]] = []
+        for index in range(min(max_blocks, block_count(version.size, bsize))):
+            key = BlockKey(version.name, version.etag, index)
+            if key in self.hinted or key in self.ram or self.fetcher.in_flight(key):
+                continue
+            todo.append((key, block_span(index, bsize, version.size)[1]))
+        total = sum(length for _, length in todo)
+        if todo and not self.hinted.reserve(total):
+            return None
+        for key, length in todo:
+            self.fetcher.prefetch(
+                key,
+                version,
+                self._hint_listener(key, length, wanted, landed),
+                hint_slots=self._hint_slots,
+            )
+        return len(todo)
+
+    def _hint_listener(
+        self,
+        key: BlockKey,
+        reserved: int,
+        wanted: Callable[[], bool],
+        landed: Callable[[bool], None],
+    ) -> Callable[[bytes | None, Exception | None], None]:
+        def done(data: bytes | None, error: Exception | None) -> None:
+            if data is not None and wanted():
+                self.hinted.put(key, data, reserved)
+            else:
+                self.hinted.unreserve(reserved)
+            landed(data is not None)
+
+        return done
+
+    def drop_hinted(self, version: BlobVersion) -> int:
+        """Give up the hinted blocks held for a version; the bytes freed."""
+        return self.hinted.drop_file(version.name, version.etag)
+
+    def _on_arrival(self, key: BlockKey, data: bytes, from_disk: bool, hinted: bool) -> None:
+        # A hinted block waits in the hinted store, not the RAM tier: an early or wrong hint
+        # must not push out blocks readers are using.
+        if not hinted:
+            self.ram.put(key, data)  # a disk hit is promoted to RAM
         if self._disk is not None and not from_disk:
             self._disk.put(key, data)
 
@@ -265,6 +336,7 @@ class BlockManager:
             reads=self._reads,
             bytes_served=self._bytes_served,
             buffer_hits=self._buffer_hits,
+            hinted_hits=self._hinted_hits,
             ram_hits=self._ram_hits,
             storage_waits=self._storage_waits,
             storage_wait_s=self._storage_wait_s,
@@ -277,4 +349,5 @@ class BlockManager:
             open_handles=self._handles,
             ram=self.ram.statistics(),
             fetcher=self.fetcher.statistics(),
+            hinted=self.hinted.statistics(),
         )

@@ -25,9 +25,16 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from blobmount.download.downloader import DownloadConfig, Downloader, DownloadResult
-from blobmount.download.progress import make_reporter, report_progress, summary_json, summary_lines
+from blobmount.download.progress import (
+    BarReporter,
+    make_reporter,
+    report_progress,
+    summary_json,
+    summary_lines,
+)
 from blobmount.download.transfer import DEFAULT_PART_SIZE
 from blobmount.errors import BlobmountError, ConfigError
+from blobmount.progress import logging_around
 from blobmount.units import KiB, MiB, format_size, parse_size
 
 if TYPE_CHECKING:
@@ -202,7 +209,7 @@ async def download(
                 if reporter is not None:
                     nursery.start_soon(report_progress, downloader.statistics, reporter)
                 try:
-                    with _redirect_logging(reporter):
+                    with logging_around(isinstance(reporter, BarReporter)):
                         await downloader.run()
                 except BlobmountError as exc:
                     # kept out of the nursery, which would wrap it in an ExceptionGroup
@@ -218,16 +225,3 @@ async def download(
         asdict(storage.statistics()),
         asdict(retrying.statistics()),
     )
-
-
-def _redirect_logging(reporter: object) -> Any:
-    """While a tqdm bar is drawn, route log lines through tqdm so they do not tear it."""
-    from contextlib import nullcontext
-
-    from blobmount.download.progress import BarReporter
-
-    if isinstance(reporter, BarReporter):
-        from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
-
-        return logging_redirect_tqdm()
-    return nullcontext()

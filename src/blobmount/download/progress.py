@@ -17,13 +17,13 @@ from typing import IO, Any, Protocol
 import trio
 
 from blobmount.download.downloader import DownloadResult, DownloadStats
+from blobmount.progress import LOG_INTERVAL_S, ByteBar, ProgressLog, rate_text
 from blobmount.units import format_size
 
 log = logging.getLogger(__name__)
 
-#: how often the bar is redrawn / a log line is written when not on a terminal
+#: how often the bar is redrawn
 BAR_INTERVAL_S = 0.25
-LOG_INTERVAL_S = 10.0
 #: failures listed in the text summary (all of them are in --json, up to the detail limit)
 SUMMARY_FAILURES = 50
 
@@ -44,63 +44,28 @@ def _files(stats: DownloadStats) -> str:
     return text
 
 
-def _rate(n_bytes: float, seconds: float) -> str:
-    return f"{format_size(int(n_bytes / seconds)) if seconds > 0 else '0 B'}/s"
-
-
 class BarReporter:
     """A tqdm bar of bytes (total grows while the listing runs), files in the postfix."""
 
     def __init__(self, stream: IO[str]) -> None:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-
-        self._bar: Any = tqdm(
-            total=0,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            dynamic_ncols=True,
-            file=stream,
-            desc="download",
-            mininterval=BAR_INTERVAL_S,
-        )
-        self._shown = 0
+        self._bar = ByteBar(stream, "download", mininterval=BAR_INTERVAL_S)
 
     def update(self, stats: DownloadStats) -> None:
-        self._bar.total = max(stats.bytes_queued, stats.bytes_received)
-        self._bar.set_postfix_str(_files(stats) + ("" if stats.listing_done else ", listing"))
-        delta = stats.bytes_received - self._shown
-        self._shown = stats.bytes_received
-        self._bar.update(delta)
+        listing = "" if stats.listing_done else ", listing"
+        self._bar.show(stats.bytes_received, stats.bytes_queued, _files(stats) + listing)
 
     def close(self, stats: DownloadStats) -> None:
         self.update(stats)
         self._bar.close()
 
 
-class LogReporter:
+class LogReporter(ProgressLog[DownloadStats]):
     """One INFO line every `interval_s`: files, bytes, throughput of the last interval, ETA."""
 
     def __init__(
         self, interval_s: float = LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last: tuple[float, int] | None = None
-
-    def update(self, stats: DownloadStats) -> None:
-        now = self._clock()
-        if self._last is None:
-            self._last = (now, stats.bytes_received)
-            return
-        t0, b0 = self._last
-        if now - t0 < self._interval_s:
-            return
-        self._last = (now, stats.bytes_received)
-        log.info("progress: %s", progress_line(stats, (stats.bytes_received - b0) / (now - t0)))
-
-    def close(self, stats: DownloadStats) -> None:
-        pass
+        super().__init__(log, lambda s: s.bytes_received, progress_line, interval_s, clock)
 
 
 def progress_line(stats: DownloadStats, bytes_per_s: float) -> str:
@@ -147,7 +112,7 @@ def summary_lines(result: DownloadResult, *, interrupted: str | None = None) -> 
     lines = []
     head = (
         f"downloaded {s.files_fetched} files ({format_size(s.bytes_fetched)}) "
-        f"in {s.elapsed_s:.1f} s ({_rate(s.bytes_fetched, s.elapsed_s)})"
+        f"in {s.elapsed_s:.1f} s ({rate_text(s.bytes_fetched, s.elapsed_s)})"
     )
     extras = []
     if s.files_skipped:

@@ -167,18 +167,6 @@ class PartFile:
             view = view[written:]
             offset += written
 
-    def md5(self) -> bytes:
-        fd = self._require_fd()
-        digest = hashlib.md5()
-        offset = 0
-        while offset < self.size:
-            chunk = os.pread(fd, min(_HASH_CHUNK, self.size - offset), offset)
-            if not chunk:
-                break
-            digest.update(chunk)
-            offset += len(chunk)
-        return digest.digest()
-
     def commit(self, final: Path, mtime_s: float) -> int:
         """Set the mtime to `mtime_s`, close, and rename onto `final` (creating its folder).
         Returns the final file's st_mtime_ns."""

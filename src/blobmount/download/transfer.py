@@ -12,8 +12,9 @@ the files. A slot is taken *before* a part's task is started, so a 1 TB blob doe
 
 Why 8 MiB parts: a part has a fixed cost (one HTTP request, its first-byte latency, a
 thread hop for the write). At 8 MiB that cost is a few percent of the transfer time even on a
-fast link, while 64 transfers hold at most 512 MiB; the benchmark (benchmarks/download_bench.py)
-compares part sizes. It is also azcopy's default block size for downloads.
+fast link, while 64 transfers hold at most 512 MiB; the benchmark (benchmarks/run.py, scenario
+7: download vs download-16MiB) compares part sizes. It is also azcopy's default block size for
+downloads.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,14 +59,46 @@ class Fetched:
     md5_verified: bool  # Content-MD5 was checked (and matched)
 
 
+class OrderedDigest:
+    """The MD5 of a file whose parts arrive out of order, computed as they arrive.
+
+    A part waits until every part before it has been hashed, then is hashed (in a worker
+    thread, which hashlib runs without the GIL). Parts keep their transfer slot while they wait,
+    so memory stays within the slots' budget, and hashing overlaps the rest of the download
+    instead of re-reading the whole file after it.
+    """
+
+    def __init__(self, run: Callable[..., Awaitable[Any]]) -> None:
+        self._run = run
+        self._md5 = hashlib.md5()
+        self._next = 0
+        self._turns: dict[int, trio.Event] = {}
+
+    async def add(self, offset: int, data: bytes) -> None:
+        if offset != self._next:
+            turn = self._turns.setdefault(offset, trio.Event())
+            await turn.wait()
+            del self._turns[offset]
+        await self._run(self._md5.update, data)
+        self._next += len(data)
+        waiting = self._turns.get(self._next)
+        if waiting is not None:
+            waiting.set()
+
+    def digest(self, size: int) -> bytes:
+        if self._next != size:
+            raise TransferError(f"hashed {self._next} of {size} bytes")
+        return self._md5.digest()
+
+
 class Transfers:
-    """Fetches blobs into DEST, sharing `slots` (the transfer budget) and `threads` (for file
-    writes) between all files."""
+    """Fetches blobs into DEST (or any path, with `fetch_to`), sharing `slots` (the transfer
+    budget) and `threads` (for file writes) between all files."""
 
     def __init__(
         self,
         storage: StorageClient,
-        dest: Destination,
+        dest: Destination | None,
         config: TransferConfig,
         *,
         slots: trio.CapacityLimiter,
@@ -115,8 +148,15 @@ class Transfers:
             TransferError: wrong bytes received.
             OSError: writing, creating the folder, or renaming failed.
         """
-        final = self._dest.path / rel
-        tmp = self._dest.temp_path()
+        dest = self._dest
+        if dest is None:
+            raise RuntimeError("these Transfers have no destination folder: use fetch_to")
+        return await self.fetch_to(blob, dest.path / rel, dest.temp_path(), on_bytes)
+
+    async def fetch_to(
+        self, blob: BlobProps, final: Path, tmp: Path, on_bytes: Callable[[int], None]
+    ) -> Fetched:
+        """`fetch` into any `final` path, through the temporary `tmp` (same file system)."""
         if blob.size <= self._config.part_size:
             async with self._slots:
                 data = await self._get(blob, 0, blob.size) if blob.size else b""
@@ -142,6 +182,7 @@ class Transfers:
         self, blob: BlobProps, tmp: Path, final: Path, on_bytes: Callable[[int], None]
     ) -> Fetched:
         part_file = await self._io(self._create, tmp, blob.size)
+        digest = OrderedDigest(self._io) if self._wants_md5(blob) else None
         try:
             errors: list[BaseException] = []
             async with trio.open_nursery() as nursery:
@@ -157,13 +198,21 @@ class Transfers:
                     borrower = object()
                     await self._slots.acquire_on_behalf_of(borrower)
                     nursery.start_soon(
-                        self._part, blob, part_file, start, length, borrower, on_bytes, failed
+                        self._part,
+                        blob,
+                        part_file,
+                        digest,
+                        start,
+                        length,
+                        borrower,
+                        on_bytes,
+                        failed,
                     )
             if errors:
                 raise errors[0]
             verified = False
-            if self._wants_md5(blob):
-                self._check_md5(blob, await self._io(part_file.md5))
+            if digest is not None:
+                self._check_md5(blob, digest.digest(blob.size))
                 verified = True
             mtime_ns = await self._io(part_file.commit, final, blob.last_modified)
             return Fetched(mtime_ns, verified)
@@ -179,6 +228,7 @@ class Transfers:
         self,
         blob: BlobProps,
         part_file: PartFile,
+        digest: OrderedDigest | None,
         start: int,
         length: int,
         borrower: object,
@@ -188,6 +238,8 @@ class Transfers:
         try:
             data = await self._get(blob, start, length)
             await self._io(part_file.write_at, start, data)
+            if digest is not None:
+                await digest.add(start, data)
             on_bytes(length)
         except (StorageError, TransferError, OSError) as exc:
             failed(exc)

@@ -18,6 +18,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -25,12 +26,13 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
-from blobmount.fs.readers import BlockReader, OpenReader
+from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
 from blobmount.namespace.listing import DirEntry, DirListing
 from blobmount.namespace.names import NAME_MAX, valid_segment
 from blobmount.storage.base import StorageClient
+from blobmount.wholefile.cache import WholeFileCache
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,15 @@ class _FileHandle:
 
 Replier = Callable[[str, Attr, int], bool]
 
+
+class OpenListener(Protocol):
+    """Told when a blob version is opened and closed (the hint coordinator)."""
+
+    def opened(self, version: BlobVersion) -> None: ...
+
+    def closed(self, version: BlobVersion) -> None: ...
+
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -120,9 +131,18 @@ def _is_utf8(name: str) -> bool:
 
 
 class BlobFilesystem:
-    def __init__(self, storage: StorageClient, blocks: BlockManager, config: FsConfig) -> None:
+    def __init__(
+        self,
+        storage: StorageClient,
+        blocks: BlockManager,
+        config: FsConfig,
+        whole_files: WholeFileCache | None = None,
+    ) -> None:
         self._storage = storage
         self._blocks = blocks
+        #: set in whole-file mode; files it cannot hold are read through `blocks`
+        self._whole_files = whole_files
+        self.open_listener: OpenListener | None = None
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
@@ -303,6 +323,8 @@ class BlobFilesystem:
         assert node.etag is not None
         etag = node.etag
         version = BlobVersion(self._blob_name(node.path), etag, node.size)
+        reader = await self._open_reader(version)
+        # no await from here on: the bookkeeping below happens all or not at all
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
@@ -314,11 +336,44 @@ class BlobFilesystem:
             keep_cache, direct_io = node.open_etag in (None, etag), False
             node.open_etag = etag
         open_etags[etag] += 1
-        reader = BlockReader(self._blocks, self._blocks.open(version))
         fh = next(self._fh)
         node.opens += 1
         self._files[fh] = _FileHandle(node, version, reader)
+        if self.open_listener is not None:
+            self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
+
+    async def version_of(self, path: str) -> BlobVersion | None:
+        """The version an open of `path` (mount-relative, '/'-separated) would pin now, or None
+        if it is not a file. Costs what the kernel's lookups of it would; the nodes it makes
+        are not kept (the kernel does not know them)."""
+        node = self.inodes.root
+        try:
+            for name in path.split("/"):
+                if not node.is_dir or not valid_segment(name) or not _is_utf8(name):
+                    return None
+                child = await self._resolve(node, name)
+                if child is None:
+                    return None
+                node = child
+            if node.is_dir:
+                return None
+            if not self._fresh(node.fetched) or node.etag is None:
+                await self._refresh(node)
+            assert node.etag is not None
+            return BlobVersion(self._blob_name(node.path), node.etag, node.size)
+        except FsError:
+            return None
+        finally:
+            self.inodes.release_if_unused(node)
+
+    async def _open_reader(self, version: BlobVersion) -> OpenReader:
+        if self._whole_files is not None:
+            # blocks until the whole file is in the cache (one download for concurrent opens)
+            copy = await self._whole_files.open(version)
+            if copy is not None:
+                return WholeFileReader(self._whole_files, copy)
+        return BlockReader(self._blocks, self._blocks.open(version))
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._files.get(fh)
@@ -330,6 +385,8 @@ class BlobFilesystem:
         handle = self._files.pop(fh, None)
         if handle is not None:
             handle.reader.close()
+            if self.open_listener is not None:
+                self.open_listener.closed(handle.version)
             etags = self._open_etags[handle.node.inode]
             etags[handle.version.etag] -= 1
             if etags[handle.version.etag] <= 0:

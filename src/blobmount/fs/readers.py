@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
+import trio
+
 from blobmount.blocks.manager import BlockHandle, BlockManager
+from blobmount.wholefile.cache import LocalCopy, WholeFileCache
 
 
 class OpenReader(Protocol):
@@ -25,3 +29,62 @@ class BlockReader:
 
     def close(self) -> None:
         self._manager.close(self._handle)
+
+
+class WholeFileReader:
+    """Whole-file mode: reads are served from the local copy of the blob version."""
+
+    def __init__(self, cache: WholeFileCache, copy: LocalCopy) -> None:
+        self._cache = cache
+        self._copy: LocalCopy | None = copy
+
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
+        copy = self._copy
+        if copy is None:
+            raise ValueError("read after close")
+        if offset >= copy.size or size <= 0:
+            return b""
+        want = min(size, copy.size - offset)
+        buf = bytearray(want)
+        # What the page cache holds is read right here (a just-downloaded file is all there);
+        # only the rest goes to a worker thread, so a disk wait never stops the FUSE loop.
+        got = _read_cached(copy.fd, buf, offset)
+        if got < want:
+            got += await trio.to_thread.run_sync(
+                _read_into,
+                copy.fd,
+                memoryview(buf)[got:],
+                offset + got,
+                limiter=self._cache.read_limiter,
+            )
+        self._cache.served_bytes += got
+        return memoryview(buf)[:got]
+
+    def close(self) -> None:
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            self._cache.release(copy)
+
+
+def _read_cached(fd: int, buf: bytearray, offset: int) -> int:
+    """Bytes read into `buf` from the page cache alone (RWF_NOWAIT): 0 if none are there."""
+    if not _NOWAIT:
+        return 0  # no way to ask without waiting
+    try:
+        return os.preadv(fd, [buf], offset, _NOWAIT)
+    except (BlockingIOError, OSError):
+        return 0
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `offset` (blocking); fewer bytes only at the end of the file."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)

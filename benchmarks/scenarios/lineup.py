@@ -1,0 +1,21 @@
+"""Which systems run a scenario, in report order (a scenario may override `Scenario.systems`)."""
+
+from __future__ import annotations
+
+from scenarios.base import Scenario, Workload
+from scenarios.rclone import RcloneSystem
+from scenarios.systems import BlobmountSystem, CeilingSystem, System
+
+#: rclone's two ends: no data cache at all, and every byte read kept on local disk
+RCLONE_CACHE_MODES = ("off", "full")
+
+
+def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
+    """Ceilings first (reference, then diagnostics), then the mount, its variants, then rclone."""
+    return [
+        *(CeilingSystem(name) for name in workload.ceilings),
+        BlobmountSystem(),
+        *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
+        *(BlobmountSystem(name, hint_window=w) for name, w in scenario.hinted_variants.items()),
+        *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),
+    ]

@@ -1,0 +1,12 @@
+"""`blobmount warm`: fill a live mount's cache with a subtree by reading it through the mount.
+
+- `targets`: which files (PATHs checked to lie inside the mount, walked in a stable order);
+- `budget`: what a file will take in the cache, and whether warming it would start pruning;
+- `monitor`: the daemon's live stats, and the pause while its disk writes catch up;
+- `reading`: the reads through the mount, and the listing that runs ahead of them;
+- `warmer`: the threads together: take the next file, check it fits, hand it to a reader;
+- `report`: the progress bar or log lines, and the summary;
+- `command`: the command line, on a mount point or on a URI mounted for the occasion.
+
+See docs/WARM.md.
+"""

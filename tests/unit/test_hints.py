@@ -1,0 +1,215 @@
+"""Hints without FUSE: the coordinator on a real block manager and filesystem over the in-memory
+store: fetched ahead within the window and the hinted store's bytes, used by reads, late hints
+dropped, stale ones given up, blocks of closed files let go; the hint line parser; the client
+helper's mount table parsing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.hints.client import blobmount_mounts, hinted
+from blobmount.hints.coordinator import REORDER_SLACK, HintConfig, HintCoordinator
+from blobmount.hints.server import mount_relative
+from blobmount.namespace.inodes import ROOT_INODE
+from blobmount.storage.counting import CountingStorageClient
+from blobmount.storage.memory import InMemoryStorageClient
+
+B = 64 * 1024
+
+
+def build(nursery, files: int, *, window: int = 8, hint_bytes: int = 64 * B, queued: int = 0):
+    mem = InMemoryStorageClient()
+    for i in range(files):
+        mem.put(f"d/{i:04d}", bytes([i % 251]) * (1000 + i))
+    mem.put("big", b"x" * (10 * B))
+    storage = CountingStorageClient(mem)
+    config = BlockManagerConfig(B, 4, 4, 0, 16 * B, hint_bytes=hint_bytes, hint_slots=4)
+    blocks = BlockManager(storage, config, nursery)
+    fs = BlobFilesystem(storage, blocks, FsConfig("", None, 0, 0, 0o444, 0o555, 1.7e9, B))
+    hints = HintCoordinator(HintConfig(window=window, max_queued=queued), blocks, fs.version_of, "")
+    blocks.hinted.on_free = hints.room_freed
+    fs.open_listener = hints
+    return fs, blocks, hints, storage, mem
+
+
+async def read_file(fs, path: str) -> bytes:
+    node = fs.inodes.root
+    for name in path.split("/"):
+        node = await fs.lookup(node.inode, name)
+    opened = await fs.open(node.inode, os.O_RDONLY)
+    data = bytes(await fs.read(opened.fh, 0, node.size + 1))
+    fs.release(opened.fh)
+    return data
+
+
+async def settle() -> None:
+    for _ in range(50):
+        await trio.sleep(0.001)
+
+
+async def test_hinted_files_are_fetched_ahead_and_used(nursery):
+    fs, blocks, hints, storage, mem = build(nursery, 40, window=8)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(40):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    s = hints.statistics()
+    assert s.ahead == 8  # the window, no more
+    assert s.fetched == 8
+    before = storage.statistics().range_requests
+    for i in range(40):
+        assert await read_file(fs, f"d/{i:04d}") == mem._data[f"d/{i:04d}"]
+        await settle()
+    s = hints.statistics()
+    assert s.used == 40
+    assert blocks.statistics().hinted_hits == 40
+    assert blocks.statistics().storage_waits == 0
+    # each file fetched once, by its hint
+    assert storage.statistics().range_requests == 40
+    assert before == 8
+    assert blocks.hinted.statistics().held_bytes == 0
+
+
+async def test_the_hinted_store_bounds_what_is_fetched(nursery):
+    # room for 3 one-block files (~1 KB each): reservations are by block length
+    fs, blocks, hints, _, _ = build(nursery, 20, window=100, hint_bytes=3100)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(20):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    assert hints.statistics().ahead == 3
+    held = blocks.hinted.statistics()
+    assert held.held_bytes + held.reserved_bytes <= 3100
+    await read_file(fs, "d/0000")
+    await settle()
+    assert hints.statistics().ahead == 3  # one used, one more fetched
+
+
+async def test_a_reader_ahead_of_the_hints_makes_them_late(nursery):
+    fs, _, hints, storage, _ = build(nursery, 50, window=4, queued=100)
+    stream = hints.open_stream()
+    for i in range(50):
+        await hints.add(stream, f"d/{i:04d}")
+    # the stream's task has not run: the reader gets to file 30 first
+    await read_file(fs, "d/0030")
+    s = hints.statistics()
+    assert s.late == 31  # hints 0..30 dropped, none fetched
+    assert s.queued == 19
+    nursery.start_soon(hints.run_stream, stream)
+    await settle()
+    assert hints.statistics().ahead == 4
+    assert storage.statistics().range_requests == 1 + 4
+
+
+async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
+    n = REORDER_SLACK + 20
+    fs, blocks, hints, _, _ = build(nursery, n, window=10_000, hint_bytes=10_000 * B)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(n):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    assert hints.statistics().ahead == n
+    await read_file(fs, f"d/{n - 1:04d}")  # the reader skipped almost everything
+    s = hints.statistics()
+    assert s.wasted == n - 1 - REORDER_SLACK
+    assert s.ahead == REORDER_SLACK
+    assert blocks.hinted.statistics().held_blocks == REORDER_SLACK
+
+
+async def test_a_large_file_gets_its_first_blocks_and_keeps_nothing_after_close(nursery):
+    fs, blocks, hints, storage, mem = build(nursery, 1, window=4)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    await hints.add(stream, "big")
+    await settle()
+    assert storage.statistics().range_requests == 4  # blocks_per_file
+    assert blocks.hinted.statistics().held_blocks == 4
+    node = await fs.lookup(ROOT_INODE, "big")
+    opened = await fs.open(node.inode, os.O_RDONLY)
+    assert bytes(await fs.read(opened.fh, 0, B)) == mem._data["big"][:B]
+    fs.release(opened.fh)
+    assert blocks.hinted.statistics().held_bytes == 0  # the unread three went with the close
+
+
+async def test_invalid_and_missing_paths_are_counted_not_fetched(nursery):
+    _, _, hints, storage, _ = build(nursery, 2)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for path in ("d/9999", "d", "nope/x", "d/0001"):
+        await hints.add(stream, path)
+    await settle()
+    s = hints.statistics()
+    assert (s.invalid, s.ahead) == (3, 1)
+    assert storage.statistics().range_requests == 1
+
+
+async def test_a_closed_stream_lets_go_of_what_was_never_read(nursery, autojump_clock):
+    fs, blocks, hints, _, _ = build(nursery, 10, window=4)
+    stream = hints.open_stream()
+    done = trio.Event()
+
+    async def run() -> None:
+        await hints.run_stream(stream)
+        done.set()
+
+    nursery.start_soon(run)
+    for i in range(10):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    hints.close_stream(stream)
+    await settle()
+    # what was sent before the close is still acted on while the job reads it
+    for i in range(4):
+        await read_file(fs, f"d/{i:04d}")
+        await settle()
+    assert hints.statistics().used == 4
+    assert hints.statistics().ahead == 4
+    await done.wait()  # nothing opened for the grace period: the rest is given up
+    s = hints.statistics()
+    assert (s.streams, s.ahead, s.queued, s.wasted) == (0, 0, 0, 4)
+    assert s.fetched == 8
+    assert blocks.hinted.statistics().held_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"/mnt/data/a/b.jpg", "a/b.jpg"),
+        (b"a/b.jpg", "a/b.jpg"),
+        (b"a//b.jpg\r", "a/b.jpg"),
+        (b"/mnt/other/a.jpg", None),
+        (b"/mnt/database/a.jpg", None),
+        (b"a/../b", None),
+        (b"./a", None),
+        (b"\xff", None),
+        (b"/mnt/data", None),
+    ],
+)
+def test_hint_lines(line, expected):
+    assert mount_relative(line, "/mnt/data") == expected
+
+
+def test_mount_table_parsing(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "36 25 0:32 / /mnt/with\\040space rw,nosuid - fuse.blobmount az ro\n"
+        "37 25 0:33 / /mnt/other rw - fuse.sshfs host: rw\n"
+        "38 25 0:34 / /mnt/with\\040space/inner rw - fuse.blobmount az ro\n"
+    )
+    assert blobmount_mounts(str(info)) == ["/mnt/with space/inner", "/mnt/with space"]
+
+
+def test_hinted_yields_everything_without_a_mount(tmp_path, caplog):
+    items = [tmp_path / f"{i}" for i in range(10)]
+    assert list(hinted(items, window=3)) == items
+    assert "not on a blobmount mount" in caplog.text
+    with pytest.raises(ValueError, match="window"):
+        list(hinted(items, window=0))

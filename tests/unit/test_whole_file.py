@@ -1,0 +1,315 @@
+"""Whole-file mode against a real cache directory and the in-memory store: one download per
+version, reuse across restarts with verification, LRU pruning that spares open files, the
+block-mode fallback, failures that leave nothing behind, and the filesystem on top."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from blobmount.blocks.keys import BlobVersion
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
+from blobmount.cachedir.space import SpaceConfig
+from blobmount.errors import StorageUnavailable
+from blobmount.fs.errno_map import errno_for
+from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.fs.readers import BlockReader, WholeFileReader
+from blobmount.namespace.inodes import ROOT_INODE
+from blobmount.storage.counting import CountingStorageClient
+from blobmount.storage.faulty import FaultyStorageClient
+from blobmount.storage.memory import InMemoryStorageClient
+from blobmount.testing.pattern import pattern_bytes
+from blobmount.wholefile.cache import WholeFileConfig, open_whole_file_cache
+
+MiB = 1024 * 1024
+PART = 256 * 1024
+LOC = "account/container"
+
+
+def config(root: Path, cache_size: int | None = None) -> WholeFileConfig:
+    return WholeFileConfig(
+        root=root,
+        space=SpaceConfig(cache_size, 0),
+        download_slots=4,
+        part_size=PART,
+    )
+
+
+def version(mem: InMemoryStorageClient, name: str) -> BlobVersion:
+    props = mem._props[name]
+    return BlobVersion(name, props.etag, props.size)
+
+
+def entries(root: Path) -> list[Path]:
+    return [Path(e.path) for e in CacheLayout(root).entries()]
+
+
+def temporaries(root: Path) -> list[str]:
+    return [name for _, _, names in os.walk(root) for name in names if name.startswith(TEMP_PREFIX)]
+
+
+async def read_all(cache, copy) -> bytes:
+    reader = WholeFileReader(cache, copy)
+    data = bytes(await reader.read(0, copy.size + 10))
+    reader.close()
+    return data
+
+
+async def test_open_downloads_once_and_reads_locally(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("big.bin", 0, 3 * MiB + 123)
+    mem.put("big.bin", data)
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        copy = await cache.open(version(mem, "big.bin"))
+        assert copy is not None
+        assert await read_all(cache, copy) == data
+        parts = -(-len(data) // PART)
+        assert storage.statistics().range_requests == parts
+        # reads at any offset, past the end, zero length
+        reader = WholeFileReader(cache, await cache.open(version(mem, "big.bin")))
+        assert bytes(await reader.read(1_000_000, 5000)) == data[1_000_000:1_005_000]
+        assert bytes(await reader.read(len(data) - 3, 100)) == data[-3:]
+        assert await reader.read(len(data) + 1, 100) == b""
+        reader.close()
+        # reopened later: no new GETs
+        again = await cache.open(version(mem, "big.bin"))
+        assert await read_all(cache, again) == data
+        assert storage.statistics().range_requests == parts
+        stats = cache.statistics()
+        assert (stats.downloads, stats.downloaded_bytes) == (1, len(data))
+        assert stats.cached_opens == 2
+        assert stats.open_copies == 0
+    assert len(entries(tmp_path)) == 1
+    assert temporaries(tmp_path) == []
+
+
+async def test_concurrent_opens_share_one_download(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("shared.bin", 0, 2 * MiB)
+    mem.put("shared.bin", data)
+    storage = CountingStorageClient(mem)
+    got: list[bytes] = []
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def opener() -> None:
+            copy = await cache.open(version(mem, "shared.bin"))
+            got.append(await read_all(cache, copy))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(opener)
+        stats = cache.statistics()
+        assert stats.downloads == 1
+        assert stats.shared_opens == 5
+        assert stats.open_copies == 0
+    assert got == [data] * 6
+    assert storage.statistics().range_requests == -(-len(data) // PART)
+
+
+async def test_restart_reuses_the_copy_and_verifies_it_once(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("keep.bin", 0, MiB)
+    mem.put("keep.bin", data)
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        cache.release(await cache.open(version(mem, "keep.bin")))
+    before = storage.statistics()
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        for _ in range(3):
+            copy = await cache.open(version(mem, "keep.bin"))
+            assert await read_all(cache, copy) == data
+        stats = cache.statistics()
+        assert (stats.downloads, stats.cached_opens, stats.corrupt) == (0, 3, 0)
+    after = storage.statistics()
+    assert after.range_requests == before.range_requests
+    # the Content-MD5 check costs one properties request, once
+    assert after.properties_requests == before.properties_requests + 1
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+async def test_a_damaged_copy_is_downloaded_again(tmp_path, damage):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("hurt.bin", 0, MiB)
+    # without Content-MD5 only the size can be checked
+    mem.put("hurt.bin", data, md5=damage == "flip")
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        cache.release(await cache.open(version(mem, "hurt.bin")))
+    (path,) = entries(tmp_path)
+    with open(path, "r+b") as f:
+        if damage == "flip":
+            f.seek(1000)
+            f.write(bytes([data[1000] ^ 0xFF]))
+        else:
+            f.truncate(1000)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        copy = await cache.open(version(mem, "hurt.bin"))
+        assert await read_all(cache, copy) == data
+        stats = cache.statistics()
+        assert (stats.corrupt, stats.downloads) == (1, 1)
+
+
+async def test_lru_pruning_spares_open_files(tmp_path):
+    mem = InMemoryStorageClient()
+    for name in "abc":
+        mem.put(name, pattern_bytes(name, 0, MiB))
+    storage = CountingStorageClient(mem)
+    # room for two files
+    async with open_whole_file_cache(storage, config(tmp_path, 2 * MiB + 64 * 1024), LOC) as c:
+        assert c is not None
+        a = await c.open(version(mem, "a"))  # stays open
+        c.release(await c.open(version(mem, "b")))
+        c_copy = await c.open(version(mem, "c"))  # needs room: b goes, not the open a
+        assert c_copy is not None
+        names = {p.name for p in entries(tmp_path)}
+        assert c.path(version(mem, "a")).name in names
+        assert c.path(version(mem, "b")).name not in names
+        assert await read_all(c, a) == mem._data["a"]
+        assert await read_all(c, c_copy) == mem._data["c"]
+        # everything open: a third file cannot fit, and nothing open was removed
+        a2, c2 = await c.open(version(mem, "a")), await c.open(version(mem, "c"))
+        assert await c.open(version(mem, "b")) is None
+        assert c.statistics().fallbacks == 1
+        assert len(entries(tmp_path)) == 2
+        c.release(a2)
+        c.release(c2)
+
+
+async def test_a_file_larger_than_the_cache_is_not_cached(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("small", pattern_bytes("small", 0, 100_000))
+    mem.put("huge", pattern_bytes("huge", 0, 3 * MiB))
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path, 2 * MiB), LOC) as cache:
+        assert cache is not None
+        cache.release(await cache.open(version(mem, "small")))
+        assert await cache.open(version(mem, "huge")) is None
+        assert cache.statistics().fallbacks == 1
+        # nothing was pruned to try, and nothing of the big file was fetched
+        assert len(entries(tmp_path)) == 1
+    assert storage.statistics().range_requests == 1
+
+
+async def test_a_failed_download_fails_the_open_and_leaves_nothing(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("flaky.bin", pattern_bytes("flaky.bin", 0, 2 * MiB))
+    faulty = FaultyStorageClient(mem)
+    faulty.fail_next("get_range", 3, lambda: StorageUnavailable("503 from the test"))
+    async with open_whole_file_cache(faulty, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with pytest.raises(StorageUnavailable) as raised:
+            await cache.open(version(mem, "flaky.bin"))
+        assert errno_for(raised.value)[0] == errno.EIO
+        assert cache.statistics().failed_downloads == 1
+        assert entries(tmp_path) == []
+        assert temporaries(tmp_path) == []
+        assert cache.statistics().space.reserved_bytes == 0
+        # the next open tries again, and works
+        faulty.clear_faults()
+        copy = await cache.open(version(mem, "flaky.bin"))
+        assert await read_all(cache, copy) == mem._data["flaky.bin"]
+
+
+async def test_a_blob_deleted_during_the_download_fails_cleanly(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("gone.bin", pattern_bytes("gone.bin", 0, 2 * MiB))
+    v = version(mem, "gone.bin")
+    faulty = FaultyStorageClient(mem)
+
+    def delete_then_fail() -> BaseException:
+        mem.delete("gone.bin")
+        return StorageUnavailable("connection reset")
+
+    faulty.fail_next("get_range", 1, delete_then_fail)
+    async with open_whole_file_cache(faulty, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with pytest.raises(Exception) as raised:
+            await cache.open(v)
+        assert errno_for(raised.value)[0] in (errno.EIO, errno.ENOENT)
+    assert entries(tmp_path) == []
+    assert temporaries(tmp_path) == []
+
+
+async def test_an_abandoned_download_is_cancelled_and_cleaned_up(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("slow.bin", pattern_bytes("slow.bin", 0, 4 * MiB))
+    faulty = FaultyStorageClient(mem)
+
+    async def stall() -> None:
+        await trio.sleep_forever()
+
+    class Stalling(FaultyStorageClient):
+        async def get_range(self, name, etag, start, length):
+            if start > 0:
+                await stall()
+            return await super().get_range(name, etag, start, length)
+
+    stalling = Stalling(mem)
+    async with open_whole_file_cache(stalling, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with trio.move_on_after(0.5):
+            await cache.open(version(mem, "slow.bin"))
+        with trio.fail_after(5):
+            while cache._downloads:
+                await trio.sleep(0.01)
+        assert temporaries(tmp_path) == []
+        assert cache.statistics().space.reserved_bytes == 0
+    assert entries(tmp_path) == []
+    del faulty
+
+
+async def test_a_new_version_replaces_the_old_copy(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("v.bin", b"one" * 1000)
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        old = version(mem, "v.bin")
+        cache.release(await cache.open(old))
+        mem.put("v.bin", b"two" * 2000)
+        new = version(mem, "v.bin")
+        copy = await cache.open(new)
+        assert await read_all(cache, copy) == b"two" * 2000
+        with trio.fail_after(5):
+            while cache.path(old).exists():
+                await trio.sleep(0.01)
+        assert [p.name for p in entries(tmp_path)] == [cache.path(new).name]
+
+
+# -- the filesystem on top -----------------------------------------------------------------
+
+
+async def test_filesystem_reads_whole_files_and_streams_what_does_not_fit(nursery, tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("db/small.sqlite", pattern_bytes("small", 0, 300_000))
+    mem.put("db/huge.bin", pattern_bytes("huge", 0, 3 * MiB))
+    storage = CountingStorageClient(mem)
+    b = 64 * 1024
+    blocks = BlockManager(storage, BlockManagerConfig(b, 4, 4, 4 * b, 16 * b), nursery)
+    cfg = FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, b)
+    async with open_whole_file_cache(storage, config(tmp_path, 2 * MiB), LOC) as cache:
+        fs = BlobFilesystem(storage, blocks, cfg, cache)
+        folder = await fs.lookup(ROOT_INODE, "db")
+        for name, mode in (("small.sqlite", WholeFileReader), ("huge.bin", BlockReader)):
+            node = await fs.lookup(folder.inode, name)
+            opened = await fs.open(node.inode, os.O_RDONLY)
+            assert isinstance(fs._files[opened.fh].reader, mode)
+            assert opened.keep_cache
+            got = bytes(await fs.read(opened.fh, 1000, 70_000))
+            assert got == mem._data[f"db/{name}"][1000:71_000]
+            fs.release(opened.fh)
+        assert cache is not None
+        assert cache.statistics().open_copies == 0
+        assert cache.statistics().fallbacks == 1
