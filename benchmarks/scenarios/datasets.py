@@ -201,6 +201,11 @@ class Datasets:
         az.create_container(CONTAINER)
         return Store(az, CONTAINER), _Uploader(az, CONTAINER)
 
+    def adopt(self, az: AzuriteServer) -> AzuriteServer:
+        """Stop `az` (a dataset's Azurite a scenario made itself) with the others at close()."""
+        self._servers.append(az)
+        return az
+
     @property
     def servers(self) -> list[AzuriteServer]:
         return list(self._servers)

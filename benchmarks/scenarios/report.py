@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from scenarios.base import GiB, Phase, Scenario
-from scenarios.systems import SystemResult
+from scenarios.systems import RunMetrics, SystemResult
 
 log = logging.getLogger(__name__)
 
@@ -240,9 +240,14 @@ def _throughput(result: SystemResult, seconds: float) -> str:
     return f"{mbps:,.0f} MB/s"
 
 
+def listing_speed(result: SystemResult, run: RunMetrics) -> str:
+    marks = ", ".join(f"{label} {s:.2f} s" for label, s in run.listing.items())
+    return f"{result.files / run.seconds:,.0f} entries/s ({marks})"
+
+
 def _requests(storage: dict[str, int]) -> str:
     if "range_requests" not in storage:
-        return "-"
+        return f"{storage['list_requests']:,} list" if "list_requests" in storage else "-"
     text = f"{storage['range_requests']:,} GET"
     extra = [
         f"{storage[key]:,} {label}"
@@ -266,7 +271,7 @@ def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | No
         ratio = f"{ceiling_s / seconds:.2f}"
     else:
         ratio = "-"
-    cpu = f"{run.client_cpu_s / gib:.2f}" if run.client_cpu_s is not None else "-"
+    cpu = f"{run.client_cpu_s / gib:.2f}" if run.client_cpu_s is not None and gib else "-"
     rss = f"{run.peak_rss_bytes / 2**20:,.0f} MiB" if run.peak_rss_bytes else "-"
     fetched = run.storage.get("range_bytes")
     amplification = f"{fetched / result.requested_bytes:.2f}" if fetched is not None else "-"
@@ -280,9 +285,10 @@ def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | No
         bad = [r.mismatch_at for r in result.runs if not r.verified]
         ok = f"**NO** (first bad byte {bad[0]})"
     runs = f" (median of {len(result.runs)})" if len(result.runs) > 1 else ""
+    throughput = listing_speed(result, run) if run.listing else _throughput(result, seconds)
     return (
         f"| {number} | {scenario} | {result.system} | {seconds:.2f}{runs} | "
-        f"{_throughput(result, seconds)} | {ratio} | {cpu} | {rss} | {amplification} | "
+        f"{throughput} | {ratio} | {cpu} | {rss} | {amplification} | "
         f"{_requests(run.storage)} | {az} | {others} | {ok} |"
     )
 
@@ -368,6 +374,9 @@ How to read this (docs/BENCHMARKING.md has the details):
 - **Azurite CPU / other CPU**: average cores used during the timed part by Azurite, and by
   everything else on the machine (other users, kernel threads). The machine has 2 cores in all:
   Azurite near 1.0 means the emulator was the bottleneck; high "other" means the figure is noisy.
+- **listing** rows (scenario 6): the time is the whole listing (or walk); throughput is entries
+  per second, with the seconds to the first entry and to the milestones; storage requests are
+  list requests.
 - MB = 10^6 bytes."""
 
 
@@ -394,10 +403,10 @@ def to_markdown(report: RunReport) -> str:
     if report.datasets:
         lines += ["## Datasets (generated and uploaded once per run)", ""]
         for d in report.datasets:
+            how = d.get("how", f"uploaded in {d['upload_s']} s (one Put Blob each)")
             lines.append(
                 f"- {d['dataset']}: {d['blobs']:,} blob(s), {d['bytes'] / MB:,.0f} MB; "
-                f"generated in {d['generate_s']} s, uploaded in {d['upload_s']} s "
-                "(one Put Blob each)"
+                f"generated in {d['generate_s']} s, {how}"
             )
         lines.append("")
     lines += ["## Results", "", HEADER]

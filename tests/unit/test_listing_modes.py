@@ -123,32 +123,3 @@ async def test_inode_numbers_survive_forget(nursery, big_tree):
     assert fs.inodes.get(number) is None  # memory for it is gone
     again = await fs.lookup(data.inode, "top.txt")
     assert again.inode == number
-
-
-async def test_metadata_bytes_per_entry(nursery):
-    """Measures what a listed-and-looked-up entry costs; reported in docs, bounded here."""
-    import tracemalloc
-
-    mem = InMemoryStorageClient()
-    n = 20_000
-    for i in range(n):
-        mem.put(f"many/img_{i:07d}.jpg", b"")
-    fs, _ = make_fs(nursery, mem, "auto")
-    many = await fs.lookup(ROOT_INODE, "many")
-    tracemalloc.start()
-    fh = await fs.opendir(many.inode)
-    last = [0]
-
-    def reply(name, attr, next_id):
-        last[0] = next_id
-        return True
-
-    start = -1
-    while start != last[0]:  # like the kernel: call after call, nothing kept by the test
-        start = last[0]
-        await fs.readdir(fh, start, reply)
-    current, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    per_entry = current / n
-    print(f"metadata: {per_entry:.0f} bytes per entry (listing + inode)")
-    assert per_entry < 1000

@@ -146,7 +146,12 @@ class BlobFilesystem:
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
-            storage, config.blob_prefix, config.listing_mode, config.ttl_s, trio.current_time
+            storage,
+            self.inodes,
+            config.blob_prefix,
+            config.listing_mode,
+            config.ttl_s,
+            trio.current_time,
         )
         self._dirs: dict[int, _DirHandle] = {}
         self._files: dict[int, _FileHandle] = {}
@@ -167,7 +172,9 @@ class BlobFilesystem:
         return self.config.blob_prefix + path
 
     def _dir_prefix(self, node: Node) -> str:
-        path = node.path
+        return self._folder_prefix(node.path)
+
+    def _folder_prefix(self, path: str) -> str:
         return self._blob_name(path + "/" if path else "")
 
     def _node(self, inode: int) -> Node:
@@ -213,9 +220,9 @@ class BlobFilesystem:
         if listing is not None:
             if not listing.entries and not listing.complete:
                 await listing.ensure(1)  # the first page: often the whole folder
-            entry = listing.find(name)
-            if entry is not None:
-                return self.inodes.upsert(parent, entry, listing.created)
+            listed = listing.find(name)
+            if listed is not None:
+                return self.inodes.upsert(parent, listed, listing.created)
             if listing.complete:
                 return None
         entry = await self._probe(path, name)
@@ -261,7 +268,7 @@ class BlobFilesystem:
         node = self._node(inode)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
-        parent = None if node.parent is None else self._dir_prefix(node.parent)
+        parent = None if node.folder is None else self._folder_prefix(node.folder)
         listing = self.catalog.for_folder(self._dir_prefix(node), parent)
         fh = next(self._fh)
         self._dirs[fh] = _DirHandle(node, listing)

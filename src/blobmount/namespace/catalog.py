@@ -7,7 +7,8 @@ Listing modes (DATASET_MOUNT_LISTING_MODE):
   opening a third subfolder of the same folder (os.walk, find, ls -R, a dataset scan) — and then
   the rest of that folder's subtree is filled by one flat walk.
 
-Listings, walks and negative lookups expire after the attribute TTL (never, when it is unset).
+Listings, walks and negative lookups expire after the attribute TTL (never, when it is unset). An
+expired listing gives its nodes back to the inode table, which frees those the kernel forgot.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from blobmount.namespace.inodes import InodeTable
 from blobmount.namespace.listing import DirListing, FlatWalk, PagedListing, WalkedListing
 from blobmount.storage.base import StorageClient
 
@@ -47,6 +49,7 @@ class ListingCatalog:
     def __init__(
         self,
         storage: StorageClient,
+        table: InodeTable,
         root_prefix: str,
         mode: str,
         ttl_s: float | None,
@@ -55,6 +58,7 @@ class ListingCatalog:
         if mode not in ("auto", "hierarchical", "flat"):
             raise ValueError(f"unknown listing mode {mode!r}")
         self._storage = storage
+        self._table = table
         self._root = root_prefix
         self.mode = mode
         self._ttl_s = ttl_s
@@ -67,6 +71,7 @@ class ListingCatalog:
         self._paged_pages_done = 0  # pages of listings already dropped
         self._walk_pages_done = 0
         self._walks_started = 0
+        self._swept = clock()
 
     def fresh(self, since: float) -> bool:
         return self._ttl_s is None or self._clock() - since < self._ttl_s
@@ -83,8 +88,13 @@ class ListingCatalog:
 
     def _drop(self, prefix: str, listing: DirListing) -> None:
         del self._listings[prefix]
+        listing.detach()
         if isinstance(listing, PagedListing):
             self._paged_pages_done += listing.pages
+
+    def _folder(self, prefix: str) -> str:
+        """The folder's path below the mount root, from its blob prefix."""
+        return prefix[len(self._root) : -1] if len(prefix) > len(self._root) else ""
 
     def for_folder(self, prefix: str, parent_prefix: str | None) -> DirListing:
         """The listing to read the folder from, starting one if needed."""
@@ -118,13 +128,26 @@ class ListingCatalog:
         del self._probes[prefix]
         return self._start_listing(prefix, self._covering_walk(prefix))
 
+    def _sweep(self) -> None:
+        """Drop every expired listing, at most once per TTL: a folder nobody reads again gives
+        its memory back too."""
+        if self._ttl_s is None or self._clock() - self._swept < self._ttl_s:
+            return
+        self._swept = self._clock()
+        for prefix, listing in list(self._listings.items()):
+            if not self.fresh(listing.created):
+                self._drop(prefix, listing)
+
     def _start_listing(self, prefix: str, walk: FlatWalk | None) -> DirListing:
         """A new listing of the folder: filled by `walk` when one covers it, else paged."""
+        self._sweep()
         if walk is not None:
             walked = self._walked_listing(walk, prefix)
             if walked is not None:
                 return walked
-        paged = PagedListing(self._storage, prefix, self._clock())
+        paged = PagedListing(
+            self._storage, self._table, prefix, self._folder(prefix), self._clock()
+        )
         self._listings[prefix] = paged
         return paged
 
@@ -153,15 +176,17 @@ class ListingCatalog:
         return walk
 
     def _walked_listing(self, walk: FlatWalk, prefix: str) -> WalkedListing | None:
-        """The listing `walk` fills for `prefix`; None if the folder is listed another way."""
-        listing = self.get(prefix)
-        if listing is None:
-            created = WalkedListing(walk, prefix, walk.created)
-            self._listings[prefix] = created
-            return created
-        if isinstance(listing, WalkedListing) and listing.walk is walk:
-            return listing
-        return None
+        """The listing `walk` fills for `prefix`; None if the folder is listed another way.
+        A walk fills the listings it made to the end, even those the catalog dropped since
+        (their TTL ended): a reader that opened one before then gets all of its entries."""
+        own = walk.listings.get(prefix)
+        if own is not None:
+            return own
+        if self.get(prefix) is not None:
+            return None
+        created = WalkedListing(walk, self._table, prefix, self._folder(prefix), walk.created)
+        self._listings[prefix] = walk.listings[prefix] = created
+        return created
 
     # -- negative lookups ------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import trio
 
+from blobmount.namespace.inodes import InodeTable, Node, join
 from blobmount.namespace.names import note_skipped, valid_segment
 from blobmount.storage.base import BlobProps, StorageClient
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class DirEntry:
-    """One name in a folder: compact, since a big dataset has millions of them."""
+    """What a properties request (or a one-item probe) says a name is; the node of that name is
+    made or updated from it (listings make their nodes directly)."""
 
     __slots__ = ("etag", "is_dir", "mtime", "name", "size")
 
@@ -47,22 +49,49 @@ class DirEntry:
 
 
 class DirListing:
-    """The entries of one folder. `blob_prefix` is '' for the container root, else ends in '/'."""
+    """The entries of one folder, as nodes of the inode table. `blob_prefix` is '' for the
+    container root, else ends in '/'; `folder` is the folder's path below the mount root.
 
-    def __init__(self, blob_prefix: str, created: float) -> None:
+    The table finds a listed name by its path, so a listing keeps no index of its own. Once the
+    catalog drops the listing (its TTL ended) it is *detached*: its nodes are released to the
+    table, and a reader still holding it gets the rest of its entries as nodes of its own."""
+
+    def __init__(self, table: InodeTable, blob_prefix: str, folder: str, created: float) -> None:
         self.blob_prefix = blob_prefix
+        self.folder = folder
         self.created = created
-        self.entries: list[DirEntry] = []
-        self._index: dict[str, int] = {}
+        self.entries: list[Node] = []
+        self._table = table
         self._complete = False
+        self._detached = False
+        self._own: dict[str, Node] | None = None  # a detached listing's index
+        self._last_folder = ""  # a walk places the same folder once per blob in it
 
     @property
     def complete(self) -> bool:
         return self._complete
 
-    def find(self, name: str) -> DirEntry | None:
-        i = self._index.get(name)
-        return None if i is None else self.entries[i]
+    def find(self, name: str) -> Node | None:
+        return self._held(name)[1]
+
+    def _held(self, name: str) -> tuple[int, Node | None]:
+        """The inode number for `name`, and the node this listing holds for it, if any."""
+        if self._detached:
+            return self._table.number(join(self.folder, name)), self._own_index().get(name)
+        number, node = self._table.locate(self.folder, name)
+        return number, node if node is not None and node.listed else None
+
+    def _own_index(self) -> dict[str, Node]:
+        if self._own is None:
+            self._own = {node.name: node for node in self.entries}
+        return self._own
+
+    def detach(self) -> None:
+        """The catalog no longer holds this listing: the table may free its nodes."""
+        if not self._detached:
+            self._detached = True
+            for node in self.entries:
+                self._table.unlist(node)
 
     async def ensure(self, count: int) -> None:
         """Fetch until at least `count` entries are known or the listing is complete."""
@@ -71,30 +100,48 @@ class DirListing:
     def add(self, name: str, is_dir: bool, props: BlobProps | None, blob_name: str) -> None:
         """Add a child. A name seen twice (a marker blob and the prefix of the same folder, or a
         blob `x` beside a folder `x/`) keeps one entry: the folder wins."""
+        if is_dir and props is None and name == self._last_folder:
+            return
         if not valid_segment(name):
             if name != "" or not is_dir:  # a marker blob "dir/" lists as an empty name
                 note_skipped(blob_name, "not a valid file name")
             return
-        i = self._index.get(name)
-        if i is None:
-            self._index[name] = len(self.entries)
-            self.entries.append(DirEntry.of(name, is_dir, props))
-            return
-        existing = self.entries[i]
-        if is_dir and not existing.is_dir:
+        if is_dir:
+            self._last_folder = name
+        size, mtime, etag = (0, 0.0, None) if props is None else _attributes(props)
+        number, existing = self._held(name)
+        if existing is None:
+            node = Node(number, self.folder, name, is_dir, size, mtime, etag, self.created)
+            if self._detached:  # a node of its own (readdir puts it in the table if need be)
+                self._own_index()[name] = node
+            else:
+                node = self._table.list_entry(node)
+            self.entries.append(node)
+        elif is_dir and not existing.is_dir:
             note_skipped(self.blob_prefix + name, "a blob shadowed by a folder of the same name")
-            self.entries[i] = DirEntry.of(name, True, props)
+            existing.set(True, size, mtime, etag, self.created)
         elif is_dir and existing.etag is None and props is not None:
-            self.entries[i] = DirEntry.of(name, True, props)  # marker blob: keep its mtime
+            existing.set(True, size, mtime, etag, self.created)  # marker blob: keep its mtime
         elif not is_dir and existing.is_dir:
             note_skipped(blob_name, "a blob shadowed by a folder of the same name")
+
+
+def _attributes(props: BlobProps) -> tuple[int, float, str | None]:
+    return props.size, props.last_modified, props.etag
 
 
 class PagedListing(DirListing):
     """A folder listed on its own, one delimiter page at a time."""
 
-    def __init__(self, storage: StorageClient, blob_prefix: str, created: float) -> None:
-        super().__init__(blob_prefix, created)
+    def __init__(
+        self,
+        storage: StorageClient,
+        table: InodeTable,
+        blob_prefix: str,
+        folder: str,
+        created: float,
+    ) -> None:
+        super().__init__(table, blob_prefix, folder, created)
         self._storage = storage
         self._continuation: str | None = None
         self._lock = trio.Lock()
@@ -121,8 +168,10 @@ class PagedListing(DirListing):
 class WalkedListing(DirListing):
     """A folder filled by a FlatWalk of a subtree that contains it."""
 
-    def __init__(self, walk: FlatWalk, blob_prefix: str, created: float) -> None:
-        super().__init__(blob_prefix, created)
+    def __init__(
+        self, walk: FlatWalk, table: InodeTable, blob_prefix: str, folder: str, created: float
+    ) -> None:
+        super().__init__(table, blob_prefix, folder, created)
         self.walk = walk
 
     @property
@@ -154,6 +203,8 @@ class FlatWalk:
         self.pages = 0
         self._lock = trio.Lock()
         self._listing_for: ListingFor | None = None
+        #: the listings this walk fills, by blob prefix (see ListingCatalog._walked_listing)
+        self.listings: dict[str, WalkedListing] = {}
 
     def attach(self, listing_for: ListingFor) -> None:
         self._listing_for = listing_for

@@ -89,11 +89,19 @@ def free_port() -> int:
 
 
 class AzuriteServer:
-    """One Azurite blob emulator process, on 127.0.0.1, in memory, stopped by stop()."""
+    """One Azurite blob emulator process, on 127.0.0.1, stopped by stop(). In memory, or with
+    `location`, on disk in that folder (which stop() leaves in place: see azurite_seed)."""
 
-    def __init__(self, port: int | None = None, *, executable: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        executable: str | None = None,
+        location: str | os.PathLike[str] | None = None,
+    ) -> None:
         self._requested_port = port
         self._executable = executable
+        self._location = None if location is None else Path(location)
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
         self._stderr_path: str | None = None
@@ -110,21 +118,25 @@ class AzuriteServer:
         port = self._requested_port or free_port()
         self._workdir = tempfile.mkdtemp(prefix="blobmount-azurite-")
         self._stderr_path = os.path.join(self._workdir, "stderr.log")
+        if self._location is None:
+            persistence = ["--inMemoryPersistence"]
+        else:
+            persistence = ["--location", str(self._location)]
         args = [
             exe,
             "--blobHost",
             HOST,
             "--blobPort",
             str(port),
-            "--inMemoryPersistence",
+            *persistence,
             "--silent",
             "--skipApiVersionCheck",
             "--loose",
             # no traffic off this machine: Azurite sends telemetry to Azure by default
             "--disableTelemetry",
         ]
-        # Azurite refuses --location together with --inMemoryPersistence; it works in the
-        # current directory instead, so give it the temp dir as cwd
+        # Azurite refuses --location together with --inMemoryPersistence; in memory it works in
+        # the current directory instead, so give it the temp dir as cwd
         with open(self._stderr_path, "wb") as stderr:
             proc = self._proc = subprocess.Popen(
                 args,
@@ -364,6 +376,11 @@ class AzuriteServer:
         if errors:
             raise RuntimeError(f"uploads failed: {errors[:5]}")
         return count
+
+    def download(self, container: str, name: str) -> tuple[bytes, str]:
+        """A blob's bytes and ETag, through Azurite's API."""
+        downloader = self._svc().get_blob_client(container, name).download_blob()
+        return downloader.readall(), str(downloader.properties.etag)
 
     def delete_blob(self, container: str, name: str) -> None:
         self._svc().get_blob_client(container, name).delete_blob()
