@@ -6,7 +6,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .tools
 AZURITE_VERSION := 3.37.0
-AZURITE := $(TOOLS)/node_modules/.bin/azurite-blob
 DEBIAN_PACKAGES := fuse3 libfuse3-dev pkg-config
 BENCH_DEBIAN_PACKAGES := rclone
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -46,11 +45,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-azurite: $(AZURITE)
+# the stamp names the version, so a checkout that pins a new one reinstalls it (the seeding of
+# big test datasets writes that version's database format)
+AZURITE_STAMP := $(TOOLS)/.azurite-$(AZURITE_VERSION)
 
-$(AZURITE):
+azurite: $(AZURITE_STAMP)
+
+$(AZURITE_STAMP):
 	mkdir -p $(TOOLS)
 	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+	rm -f $(TOOLS)/.azurite-*
+	touch $@
 
 demo: setup
 	$(PY) -m blobmount.testing.demo
