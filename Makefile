@@ -29,9 +29,11 @@ endef
 
 # (a variable: the comma in the import would split $(call)'s arguments)
 NEED_VENV := $(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv";
+# npm installs Azurite; node also runs the seeding of big test datasets
+NEED_NODE := command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm";
 
 system-deps:
-	$(call install_debian,$(DEBIAN_PACKAGES),$(NEED_VENV))
+	$(call install_debian,$(DEBIAN_PACKAGES),$(NEED_VENV) $(NEED_NODE))
 
 # the peers the benchmark compares with (rclone mount); not needed by the tests
 bench-deps:
