@@ -17,16 +17,11 @@ faster.
 
 from __future__ import annotations
 
-import datetime
-import http.client
 import logging
-import queue
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from blobmount.testing.pattern import pattern_bytes
 from scenarios.base import Profile
@@ -108,74 +103,6 @@ class ManyFiles:
         return self.stream[self.offsets[i] : self.offsets[i] + self.sizes[i]]
 
 
-class _Uploader:
-    """Put Blob over raw HTTP with a container SAS (write/create only), many threads."""
-
-    def __init__(self, az: AzuriteServer, container: str) -> None:
-        from azure.storage.blob import ContainerSasPermissions, generate_container_sas
-
-        self._host, self._port = "127.0.0.1", az.port
-        self._base = f"/{az.account}/{container}"
-        self._sas = generate_container_sas(
-            az.account,
-            container,
-            account_key=az.account_key,
-            permission=ContainerSasPermissions(write=True, create=True),
-            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=12),
-        )
-
-    def _put(self, conn: http.client.HTTPConnection, name: str, data: bytes) -> str:
-        conn.request(
-            "PUT",
-            f"{self._base}/{quote(name)}?{self._sas}",
-            body=data,
-            headers={"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"},
-        )
-        response = conn.getresponse()
-        response.read()
-        etag = response.getheader("ETag")
-        if response.status != 201 or not etag:
-            raise RuntimeError(f"uploading {name}: HTTP {response.status} {response.reason}")
-        return etag
-
-    def put_one(self, name: str, data: bytes) -> str:
-        """Upload one blob; returns its ETag."""
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=UPLOAD_TIMEOUT_S)
-        try:
-            return self._put(conn, name, data)
-        finally:
-            conn.close()
-
-    def put_many(self, items: list[tuple[str, bytes]], threads: int) -> list[str]:
-        """Upload every (name, data); returns the ETags in the same order."""
-        work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        for i in range(len(items)):
-            work.put(i)
-        etags: list[str] = [""] * len(items)
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=UPLOAD_TIMEOUT_S)
-            try:
-                while not errors and (i := work.get()) is not None:
-                    name, data = items[i]
-                    etags[i] = self._put(conn, name, data)
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                conn.close()
-
-        pool = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, threads))]
-        for thread in pool:
-            work.put(None)
-            thread.start()
-        for thread in pool:
-            thread.join()
-        if errors:
-            raise RuntimeError(f"upload failed: {errors[0]}") from errors[0]
-        return etags
-
-
 class Datasets:
     """Builds each dataset on first use, in an Azurite of its own, and keeps it for the run.
 
@@ -191,7 +118,7 @@ class Datasets:
         #: how each dataset was made (sizes, seconds), for the report
         self.built: list[dict[str, Any]] = []
 
-    def _store(self, name: str) -> tuple[Store, _Uploader]:
+    def _store(self, name: str) -> Store:
         from blobmount.testing.azurite import AzuriteServer
 
         az = AzuriteServer()
@@ -199,7 +126,7 @@ class Datasets:
         az.start()
         log.info("Azurite for the %s dataset: pid %d, port %d", name, az.pid, az.port)
         az.create_container(CONTAINER)
-        return Store(az, CONTAINER), _Uploader(az, CONTAINER)
+        return Store(az, CONTAINER)
 
     def adopt(self, az: AzuriteServer) -> AzuriteServer:
         """Stop `az` (a dataset's Azurite a scenario made itself) with the others at close()."""
@@ -223,10 +150,10 @@ class Datasets:
             started = time.perf_counter()
             data = pattern_bytes("blobmount-bench-large", 0, size)
             generated = time.perf_counter()
-            store, uploader = self._store("large")
+            store = self._store("large")
             log.info("uploading %s", LARGE_BLOB)
             started_upload = time.perf_counter()
-            etag = uploader.put_one(LARGE_BLOB, data)
+            (etag,) = store.az.put_many(CONTAINER, [(LARGE_BLOB, data)], 1, UPLOAD_TIMEOUT_S)
             uploaded = time.perf_counter()
             self._large = LargeFile(store, LARGE_BLOB, size, etag, data)
             self.built.append(
@@ -274,10 +201,10 @@ class Datasets:
             for name, off, size in zip(names, offsets, sizes, strict=True)
         ]
         generated = time.perf_counter()
-        store, uploader = self._store(dataset)
+        store = self._store(dataset)
         log.info("uploading %d %s files", len(names), dataset)
         started_upload = time.perf_counter()
-        etags = uploader.put_many(items, UPLOAD_THREADS)
+        etags = store.az.put_many(CONTAINER, items, UPLOAD_THREADS, UPLOAD_TIMEOUT_S)
         uploaded = time.perf_counter()
         del items
         log.info("uploaded in %.1f s", uploaded - started_upload)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -322,11 +322,15 @@ class AzuriteServer:
         return len(futures)
 
     def put_many(
-        self, container: str, items: Iterable[tuple[str, bytes]], threads: int = 16
-    ) -> int:
-        """Upload many small blobs fast: plain Put Blob requests with a container SAS over
-        kept-alive connections, skipping the SDK's per-request pipeline (which costs more CPU
-        than Azurite itself for tiny blobs). Returns how many blobs were written."""
+        self,
+        container: str,
+        items: Sequence[tuple[str, bytes]],
+        threads: int = 16,
+        timeout_s: float = 60.0,
+    ) -> list[str]:
+        """Upload blobs fast: plain Put Blob requests with a container SAS over kept-alive
+        connections, skipping the SDK's per-request pipeline (which costs more CPU than Azurite
+        itself for small blobs). Returns the ETags, in the order of `items`."""
         import datetime
         import http.client
         import queue
@@ -341,27 +345,32 @@ class AzuriteServer:
             container,
             account_key=key,
             permission=ContainerSasPermissions(write=True, create=True),
-            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=6),
+            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=12),
         )
-        work: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
-        count = 0
-        for item in items:
-            work.put(item)
-            count += 1
+        work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        for i in range(len(items)):
+            work.put(i)
+        etags = [""] * len(items)
         errors: list[str] = []
 
         def worker() -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
             try:
-                while (item := work.get()) is not None:
-                    name, data = item
-                    path = f"/{ACCOUNT}/{container}/{quote(name)}?{sas}"
-                    conn.request("PUT", path, body=data, headers={"x-ms-blob-type": "BlockBlob"})
+                while not errors and (i := work.get()) is not None:
+                    name, data = items[i]
+                    conn.request(
+                        "PUT",
+                        f"/{ACCOUNT}/{container}/{quote(name)}?{sas}",
+                        body=data,
+                        headers={"x-ms-blob-type": "BlockBlob"},
+                    )
                     response = conn.getresponse()
                     response.read()
-                    if response.status != 201:
-                        errors.append(f"{name}: HTTP {response.status}")
+                    etag = response.getheader("ETag")
+                    if response.status != 201 or not etag:
+                        errors.append(f"{name}: HTTP {response.status} {response.reason}")
                         return
+                    etags[i] = etag
             except OSError as exc:  # reported to the caller, not lost in a thread
                 errors.append(f"{type(exc).__name__}: {exc}")
             finally:
@@ -375,7 +384,7 @@ class AzuriteServer:
             thread.join()
         if errors:
             raise RuntimeError(f"uploads failed: {errors[:5]}")
-        return count
+        return etags
 
     def download(self, container: str, name: str) -> tuple[bytes, str]:
         """A blob's bytes and ETag, through Azurite's API."""
