@@ -22,13 +22,21 @@ from blobmount.storage.memory import InMemoryStorageClient
 B = 64 * 1024
 
 
-def build(nursery, files: int, *, window: int = 8, hint_bytes: int = 64 * B, queued: int = 0):
+def build(
+    nursery,
+    files: int,
+    *,
+    window: int = 8,
+    hint_bytes: int = 64 * B,
+    queued: int = 0,
+    ram_bytes: int = 0,
+):
     mem = InMemoryStorageClient()
     for i in range(files):
         mem.put(f"d/{i:04d}", bytes([i % 251]) * (1000 + i))
     mem.put("big", b"x" * (10 * B))
     storage = CountingStorageClient(mem)
-    config = BlockManagerConfig(B, 4, 4, 0, 16 * B, hint_bytes=hint_bytes, hint_slots=4)
+    config = BlockManagerConfig(B, 4, 4, ram_bytes, 16 * B, hint_bytes=hint_bytes, hint_slots=4)
     blocks = BlockManager(storage, config, nursery)
     fs = BlobFilesystem(storage, blocks, FsConfig("", None, 0, 0, 0o444, 0o555, 1.7e9, B))
     hints = HintCoordinator(HintConfig(window=window, max_queued=queued), blocks, fs.version_of, "")
@@ -137,6 +145,27 @@ async def test_a_large_file_gets_its_first_blocks_and_keeps_nothing_after_close(
     assert bytes(await fs.read(opened.fh, 0, B)) == mem._data["big"][:B]
     fs.release(opened.fh)
     assert blocks.hinted.statistics().held_bytes == 0  # the unread three went with the close
+
+
+async def test_hints_never_push_blocks_out_of_the_ram_tier(nursery):
+    # the RAM tier holds two small blocks; the job reads two files, then hints 30 others
+    fs, blocks, hints, storage, _ = build(nursery, 32, window=30, ram_bytes=2100)
+    await read_file(fs, "d/0000")
+    await read_file(fs, "d/0001")
+    assert blocks.ram.statistics().entries == 2
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(2, 32):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    assert hints.statistics().fetched == 30
+    ram = blocks.ram.statistics()
+    assert (ram.entries, ram.evictions) == (2, 0)
+    # what the job read before is still served from RAM, without a request
+    before = storage.statistics().range_requests
+    await read_file(fs, "d/0000")
+    assert storage.statistics().range_requests == before
+    assert blocks.statistics().ram_hits == 1
 
 
 async def test_invalid_and_missing_paths_are_counted_not_fetched(nursery):
