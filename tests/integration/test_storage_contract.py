@@ -45,6 +45,8 @@ BLOBS: dict[str, bytes] = {
     "big.bin": pattern_bytes("big", 0, BIG),
     "empty.bin": b"",
     "marker/inside.txt": b"inside the marked folder\n",
+    # every character here has to be percent-encoded in a URL path or a list query
+    "odd/100% +plus#hash?q&a=b;c.txt": b"odd name\n",
     "top.txt": b"top\n",
     "with space/file name.txt": b"spaces\n",
     "z-last.bin": b"zzz",
@@ -59,6 +61,7 @@ ROOT_LISTING = [  # delimiter "/", prefix "": blobs and folders, in name order
     "empty.bin",
     "marker",
     "marker/",
+    "odd/",
     "top.txt",
     "with space/",
     "z-last.bin",
@@ -194,7 +197,7 @@ async def test_list_separates_blobs_and_prefixes(storage):
         if token is None:
             break
     assert blobs == ["big.bin", "empty.bin", "marker", "top.txt", "z-last.bin"]
-    assert prefixes == ["a/", "marker/", "with space/", "ünïcødé/"]
+    assert prefixes == ["a/", "marker/", "odd/", "with space/", "ünïcødé/"]
     assert all(p.endswith("/") for p in prefixes)
 
 
@@ -216,6 +219,10 @@ async def test_list_sub_folder(storage):
 async def test_list_partial_name_prefix(storage):
     assert (await list_all(storage, "a", "/"))[0] == ["a/"]
     assert (await list_all(storage, "ma", "/"))[0] == ["marker", "marker/"]
+    # a prefix with characters that must be escaped in the list query
+    assert (await list_all(storage, "odd/100% +plus#", "/"))[0] == [
+        "odd/100% +plus#hash?q&a=b;c.txt"
+    ]
 
 
 async def test_list_missing_prefix_is_empty(storage):
@@ -307,7 +314,13 @@ async def test_get_range_of_empty_blob(storage, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["with space/file name.txt", "ünïcødé/naïve 文件.txt", "a/b/d.bin"]
+    "name",
+    [
+        "with space/file name.txt",
+        "ünïcødé/naïve 文件.txt",
+        "a/b/d.bin",
+        "odd/100% +plus#hash?q&a=b;c.txt",
+    ],
 )
 async def test_get_range_awkward_names(storage, name):
     etag = (await storage.get_properties(name)).etag
@@ -394,6 +407,42 @@ async def test_bad_sas_signature_is_not_leaked(storage, service_backend):
     assert signature not in text
     assert "sig=" not in text
     assert info.value.__cause__ is None  # the SDK's text (with the URL) is not chained
+
+
+async def test_anonymous_and_sas_clients(storage, service_backend):
+    """Each way a request can be authorised reads the same bytes: a public container
+    anonymously, a user's SAS, and (the fixture's client) a key-derived SAS."""
+    from azure.core.credentials import AzureSasCredential
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    backend = service_backend
+    assert backend.azurite is not None
+    public = f"public-{backend.container}"[:63]
+    backend.azurite.create_container(public, public=True)
+    try:
+        backend.azurite.upload(public, "open.txt", b"anyone may read\n")
+        anonymous = backend.azure_client(container=public, credential=None)
+        assert [b.name for b in (await anonymous.list_page("")).blobs] == ["open.txt"]
+        props = await anonymous.get_properties("open.txt")
+        assert await anonymous.get_range("open.txt", props.etag, 0, 100) == b"anyone may read\n"
+        # without credentials, a private container refuses
+        with pytest.raises(CredentialError):
+            await backend.azure_client(credential=None).list_page("")
+    finally:
+        backend.azurite.delete_container(public)
+
+    sas = generate_container_sas(
+        backend.azurite.account,
+        backend.container,
+        account_key=backend.azurite.account_key,
+        permission=ContainerSasPermissions(read=True, list=True),
+        expiry=datetime.now(UTC) + timedelta(hours=1),
+    )
+    for credential in (sas, AzureSasCredential(sas)):
+        client = backend.azure_client(credential=credential)
+        etag = (await client.get_properties("a/b/d.bin")).etag
+        assert await client.get_range("a/b/d.bin", etag, 5, 10) == BLOBS["a/b/d.bin"][5:15]
+        assert "top.txt" in [b.name for b in (await client.list_page("")).blobs]
 
 
 async def test_unreachable_endpoint_is_unavailable(storage, service_backend):

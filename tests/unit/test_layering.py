@@ -32,9 +32,15 @@ LEAVES = ("errors", "units", "source")  # import nothing from blobmount but each
 # third-party modules confined to the modules that adapt them
 CONFINED = {
     "pyfuse3": {"fs/fuse_ops.py", "daemon.py"},
-    "azure": {"storage/azure.py", "storage/azure_auth.py", "testing/azurite.py", "download"},
+    "azure": {
+        *("storage/azure.py", "storage/azure_auth.py", "storage/rest_auth.py"),
+        *("testing/azurite.py", "download"),
+    },
     "aiohttp": {"storage/azure.py"},
-    "asyncio": {"storage/_aio_bridge.py", "storage/azure.py", "storage/azure_auth.py"},
+    "asyncio": {
+        *("storage/_aio_bridge.py", "storage/azure.py", "storage/azure_auth.py"),
+        "storage/rest_auth.py",
+    },
 }
 
 

@@ -278,11 +278,12 @@ class AzuriteServer:
                 )
             return self._service
 
-    def create_container(self, name: str) -> None:
+    def create_container(self, name: str, *, public: bool = False) -> None:
+        """Create `name` (no error if it exists); `public` lets anyone list and read it."""
         from azure.core.exceptions import ResourceExistsError
 
         with contextlib.suppress(ResourceExistsError):
-            self._svc().create_container(name)
+            self._svc().create_container(name, public_access="container" if public else None)
 
     def delete_container(self, name: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
