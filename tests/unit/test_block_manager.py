@@ -6,7 +6,7 @@ import trio.testing
 
 from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
-from blobmount.errors import BlobChanged
+from blobmount.errors import BlobChanged, StorageUnavailable
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
@@ -64,8 +64,9 @@ async def test_sequential_read_of_whole_file(nursery):
     assert out == data
     await trio.testing.wait_all_tasks_blocked()
     mgr.close(h)
-    # every block fetched exactly once, read-ahead did the fetching
-    assert storage.range_requests == 11
+    # every block fetched exactly once, read-ahead did the fetching, adjacent blocks together
+    assert storage.range_bytes == len(data)
+    assert storage.range_requests < 11
     stats = mgr.statistics()
     assert stats.prefetch_used > 0
     assert stats.read_ahead_bytes == 0
@@ -172,3 +173,138 @@ async def test_demand_read_promotes_a_queued_prefetch(nursery):
     await mgr.read(h, B, 10)
     await trio.testing.wait_all_tasks_blocked()
     assert await mgr.read(h, 9 * B, 10) == data[9 * B : 9 * B + 10]
+
+
+# -- coalesced read-ahead -------------------------------------------------------------------
+
+
+class RecordingStorage(CountingStorageClient):
+    """Counts, and remembers each GET as (first block, blocks), with a gate to hold GETs."""
+
+    def __init__(self, inner, block):
+        super().__init__(inner)
+        self.block = block
+        self.gets: list[tuple[int, int]] = []
+        self.gate = trio.Event()
+        self.gate.set()
+        self.fail: Exception | None = None
+
+    async def get_range(self, name, etag, start, length):
+        self.gets.append((start // self.block, -(-length // self.block)))
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        return await super().get_range(name, etag, start, length)
+
+
+def make_coalescing(nursery, *, blocks=40, ahead=16, coalesce=4, slots=4, disk=None):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("blob", 0, blocks * B - 7)
+    props = mem.put("dir/blob", data)
+    storage = RecordingStorage(mem, B)
+    cfg = BlockManagerConfig(
+        block_size=B,
+        read_ahead_blocks=ahead,
+        prefetch_slots=slots,
+        ram_bytes=0,
+        read_ahead_budget_bytes=64 * B,
+        coalesce_bytes=coalesce * B,
+    )
+    mgr = BlockManager(storage, cfg, nursery, disk)
+    return storage, mgr, BlobVersion(props.name, props.etag, props.size), data
+
+
+async def read_all(mgr, version, step=B // 2):
+    h = mgr.open(version)
+    out = bytearray()
+    while chunk := await mgr.read(h, len(out), step):
+        out += chunk
+    mgr.close(h)
+    return bytes(out)
+
+
+async def test_read_ahead_requests_carry_several_blocks(nursery):
+    storage, mgr, version, data = make_coalescing(nursery)
+    assert await read_all(mgr, version) == data
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.range_bytes == len(data)  # each block once
+    covered = sorted(i for first, n in storage.gets for i in range(first, first + n))
+    assert covered == list(range(40))
+    # once the window is wide, read-ahead tops it up a whole request (4 blocks) at a time
+    sizes = [n for _, n in storage.gets]
+    assert max(sizes) == 4
+    assert sum(n == 4 for n in sizes) >= 6, storage.gets
+    assert len(storage.gets) <= 16
+    assert mgr.fetcher.statistics().coalesced == 40 - len(storage.gets)
+
+
+async def test_a_failed_coalesced_request_fails_its_blocks_and_later_reads_refetch(nursery):
+    storage, mgr, version, data = make_coalescing(nursery, ahead=8)
+    h = mgr.open(version)
+    assert await mgr.read(h, 0, 10) == data[:10]
+    await trio.testing.wait_all_tasks_blocked()  # blocks 1-2 have landed
+    storage.fail = StorageUnavailable("503")
+    await mgr.read(h, B, 10)  # the window grows: blocks 2.. are prefetched, together, and fail
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.gets == [(0, 1), (1, 2), (3, 3)]
+    assert mgr.statistics().prefetch_used == 1  # block 1
+    storage.fail = None
+    # nothing failed stays behind: the reader's own reads fetch the blocks again
+    assert await mgr.read(h, 5 * B, 10) == data[5 * B : 5 * B + 10]
+    mgr.close(h)
+    await trio.testing.wait_all_tasks_blocked()
+    assert mgr.statistics().read_ahead_bytes == 0
+
+
+async def test_demand_read_promotes_a_queued_coalesced_prefetch(nursery):
+    storage, mgr, version, data = make_coalescing(nursery, ahead=8, slots=1)
+    h = mgr.open(version)
+    await mgr.read(h, 0, 10)
+    await trio.testing.wait_all_tasks_blocked()  # blocks 1-2 have landed
+    storage.gate = trio.Event()  # every GET from now on waits
+    await mgr.read(h, B, 10)  # blocks 3-5 take the one slot and hang
+    await trio.testing.wait_all_tasks_blocked()
+    await mgr.read(h, 2 * B, 10)  # blocks 6-9 as one request, and 10: both queue
+    await trio.testing.wait_all_tasks_blocked()
+    assert mgr.fetcher.statistics().queued == 5
+    assert [n for _, n in storage.gets] == [1, 2, 3]
+    with trio.move_on_after(5):
+        async with trio.open_nursery() as inner:
+
+            async def reader():
+                assert await mgr.read(h, 8 * B, 10) == data[8 * B : 8 * B + 10]
+
+            inner.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            # the demand read took the run holding its block out of the queue: one GET of 4
+            assert storage.gets[-1] == (6, 4)
+            storage.gate.set()
+    assert mgr.fetcher.statistics().promoted == 1, storage.gets
+    mgr.close(h)
+
+
+class DictDisk:
+    """A disk tier holding chosen blocks (in memory)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    async def get(self, key):
+        return self.blocks.get(key.index)
+
+    def put(self, key, data):
+        pass
+
+    def statistics(self):
+        return None
+
+
+async def test_blocks_on_disk_split_a_coalesced_request(nursery):
+    data = pattern_bytes("blob", 0, 40 * B - 7)
+    disk = DictDisk({5: data[5 * B : 6 * B]})
+    storage, mgr, version, data = make_coalescing(nursery, disk=disk, ahead=8)
+    assert await read_all(mgr, version) == data
+    await trio.testing.wait_all_tasks_blocked()
+    covered = sorted(i for first, n in storage.gets for i in range(first, first + n))
+    assert covered == [i for i in range(40) if i != 5]
+    assert mgr.fetcher.statistics().disk_hits == 1

@@ -11,6 +11,12 @@ Two kinds of fetch share the in-flight table:
 A demand read that finds its block queued as a prefetch promotes it: the fetch leaves the queue and
 starts immediately.
 
+Prefetches of adjacent blocks are *coalesced*: up to `coalesce_bytes` of them (8 MiB: four 2 MiB
+blocks) are one ranged GET in one prefetch slot, split into blocks as it lands. Fewer, larger
+requests cost less per byte everywhere (per-request CPU here, latency and transactions at the
+service; Azurite even hashes every range of 4 MiB or less). Demand fetches stay one block each, so
+a waiting reader never waits for more than its block.
+
 Fetches run in the owner's nursery, not in the reader's task, so a reader whose FUSE request is
 interrupted does not cancel a fetch other readers are waiting for.
 """
@@ -18,7 +24,7 @@ interrupted does not cancel a fetch other readers are waiting for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +35,9 @@ from blobmount.errors import StorageUnavailable
 from blobmount.storage.base import StorageClient
 
 log = logging.getLogger(__name__)
+
+#: adjacent prefetched blocks are fetched together up to this many bytes per request
+COALESCE_BYTES = 8 * 1024 * 1024
 
 
 class DiskTier(Protocol):
@@ -58,6 +67,8 @@ class FetcherStats:
     fetched_bytes: int
     disk_hits: int
     failed: int
+    #: blocks that rode along in another block's request (prefetch coalescing)
+    coalesced: int
 
 
 #: told the outcome of a fetch (data or error) the moment it ends
@@ -65,9 +76,15 @@ Listener = Callable[[bytes | None, Exception | None], None]
 
 
 class _Fetch:
-    __slots__ = ("data", "done", "error", "hinted", "limiter", "listeners", "queue_scope", "urgent")
+    __slots__ = (
+        *("data", "done", "error", "hinted", "key", "limiter", "listeners", "queue_scope"),
+        "urgent",
+    )
 
-    def __init__(self, urgent: bool, limiter: trio.CapacityLimiter, hinted: bool) -> None:
+    def __init__(
+        self, key: BlockKey, urgent: bool, limiter: trio.CapacityLimiter, hinted: bool
+    ) -> None:
+        self.key = key
         self.urgent = urgent
         self.limiter = limiter
         self.hinted = hinted
@@ -92,10 +109,13 @@ class BlockFetcher:
         nursery: trio.Nursery,
         on_arrival: Arrival | None = None,
         disk: DiskTier | None = None,
+        coalesce_bytes: int = COALESCE_BYTES,
     ) -> None:
         self._storage = storage
         self._disk = disk
         self._block_size = block_size
+        #: how many adjacent blocks one prefetch request may carry
+        self.coalesce_blocks = max(1, coalesce_bytes // block_size)
         self._limiter = trio.CapacityLimiter(max(1, prefetch_slots))
         self._nursery = nursery
         self._on_arrival = on_arrival
@@ -106,6 +126,7 @@ class BlockFetcher:
         self._fetched_bytes = 0
         self._disk_hits = 0
         self._failed = 0
+        self._coalesced = 0
 
     def in_flight(self, key: BlockKey) -> bool:
         return key in self._in_flight
@@ -144,6 +165,31 @@ class BlockFetcher:
             fetch = self._start(key, version, urgent=False, hint_slots=hint_slots)
         fetch.listeners.append(listener)
 
+    def prefetch_adjacent(
+        self, version: BlobVersion, first: int, listeners: Sequence[Listener]
+    ) -> None:
+        """Prefetch blocks first, first+1, ... (one per listener) of `version`, adjacent ones
+        not yet in flight together, up to `coalesce_blocks` per request. Each listener is told
+        about its own block, as `prefetch` would."""
+        run: list[_Fetch] = []
+        for offset, listener in enumerate(listeners):
+            key = BlockKey(version.name, version.etag, first + offset)
+            fetch = self._in_flight.get(key)
+            if fetch is not None:  # already coming: join it, and end the run before it
+                fetch.listeners.append(listener)
+                self._launch(version, run)
+                run = []
+                continue
+            fetch = _Fetch(key, False, self._limiter, False)
+            fetch.listeners.append(listener)
+            self._in_flight[key] = fetch
+            self._prefetches += 1
+            run.append(fetch)
+            if len(run) == self.coalesce_blocks:
+                self._launch(version, run)
+                run = []
+        self._launch(version, run)
+
     def _start(
         self,
         key: BlockKey,
@@ -152,61 +198,101 @@ class BlockFetcher:
         urgent: bool,
         hint_slots: trio.CapacityLimiter | None = None,
     ) -> _Fetch:
-        fetch = _Fetch(urgent, hint_slots or self._limiter, hint_slots is not None)
+        fetch = _Fetch(key, urgent, hint_slots or self._limiter, hint_slots is not None)
         self._in_flight[key] = fetch
         if urgent:
             self._demand += 1
         else:
             self._prefetches += 1
-        self._nursery.start_soon(self._run, key, version, fetch)
+        self._launch(version, [fetch])
         return fetch
 
-    async def _run(self, key: BlockKey, version: BlobVersion, fetch: _Fetch) -> None:
+    def _launch(self, version: BlobVersion, run: list[_Fetch]) -> None:
+        if run:
+            if len(run) > 1:
+                self._coalesced += len(run) - 1
+            self._nursery.start_soon(self._run, version, run)
+
+    async def _run(self, version: BlobVersion, run: list[_Fetch]) -> None:
+        """Load the blocks of `run` (adjacent, in order; they share a slot and a request)."""
+        lead = run[0]
         acquired = False
         try:
-            if not fetch.urgent:
+            if not any(f.urgent for f in run):
                 with trio.CancelScope() as scope:
-                    fetch.queue_scope = scope
-                    await fetch.limiter.acquire_on_behalf_of(fetch)
+                    for fetch in run:  # promoting any of them skips the queue for all
+                        fetch.queue_scope = scope
+                    await lead.limiter.acquire_on_behalf_of(lead)
                     acquired = True
-                fetch.queue_scope = None
-            start, length = block_span(key.index, self._block_size, version.size)
-            from_disk = False
-            data = None
-            if self._disk is not None:
-                data = await self._disk.get(key)
-                from_disk = data is not None and len(data) == length
-            if not from_disk:
-                data = await self._storage.get_range(key.name, key.etag, start, length)
-            assert data is not None
-            if len(data) != length:
-                # A version is immutable: a short block means the store is broken, not that the
-                # blob shrank (that would be a new ETag). Never serve it.
-                raise StorageUnavailable(
-                    f"short block {key.index} of {key.name}: got {len(data)} of {length} bytes"
-                )
-            fetch.data = data
-            if from_disk:
-                self._disk_hits += 1
-            else:
-                self._fetched_bytes += len(data)
-            if self._on_arrival is not None:
-                self._on_arrival(key, data, from_disk, fetch.hinted)
-        except Exception as exc:  # handed to every waiter
-            self._failed += 1
-            fetch.error = exc
+                for fetch in run:
+                    fetch.queue_scope = None
+            await self._load(version, run)
+        except Exception as exc:  # handed to every waiter of a block that did not land
+            for fetch in run:
+                if fetch.data is None:
+                    self._failed += 1
+                    fetch.error = exc
         finally:
-            if fetch.data is None and fetch.error is None:  # cancelled: the mount is closing
-                fetch.error = StorageUnavailable(f"fetch of {key.name} cancelled")
             if acquired:
-                fetch.limiter.release_on_behalf_of(fetch)
-            for listener in fetch.listeners:
-                try:
-                    listener(fetch.data, fetch.error)
-                except Exception:
-                    log.exception("fetch listener failed")
-            del self._in_flight[key]
-            fetch.done.set()
+                lead.limiter.release_on_behalf_of(lead)
+            for fetch in run:
+                self._finish(fetch)
+
+    async def _load(self, version: BlobVersion, run: list[_Fetch]) -> None:
+        """Blocks from the disk tier where it has them, the rest from storage: one GET for each
+        stretch of adjacent blocks the disk tier did not have."""
+        stretch: list[_Fetch] = []
+        for fetch in run:
+            data = await self._disk.get(fetch.key) if self._disk is not None else None
+            if data is not None and len(data) == self._span(fetch, version)[1]:
+                self._disk_hits += 1
+                self._land(fetch, data, from_disk=True)
+                await self._get(version, stretch)
+                stretch = []
+            else:
+                stretch.append(fetch)
+        await self._get(version, stretch)
+
+    def _span(self, fetch: _Fetch, version: BlobVersion) -> tuple[int, int]:
+        return block_span(fetch.key.index, self._block_size, version.size)
+
+    async def _get(self, version: BlobVersion, stretch: list[_Fetch]) -> None:
+        if not stretch:
+            return
+        spans = [self._span(f, version) for f in stretch]
+        start, total = spans[0][0], sum(length for _, length in spans)
+        data = await self._storage.get_range(version.name, version.etag, start, total)
+        if len(data) != total:
+            # A version is immutable: a short answer means the store is broken, not that the
+            # blob shrank (that would be a new ETag). Never serve it.
+            raise StorageUnavailable(
+                f"short read of {version.name} at block {stretch[0].key.index}: "
+                f"got {len(data)} of {total} bytes"
+            )
+        self._fetched_bytes += total
+        if len(stretch) == 1:
+            self._land(stretch[0], data, from_disk=False)
+            return
+        for fetch, (block_start, length) in zip(stretch, spans, strict=True):
+            # a copy per block: a view would keep the whole answer alive while any block is
+            offset = block_start - start
+            self._land(fetch, data[offset : offset + length], from_disk=False)
+
+    def _land(self, fetch: _Fetch, data: bytes, *, from_disk: bool) -> None:
+        fetch.data = data
+        if self._on_arrival is not None:
+            self._on_arrival(fetch.key, data, from_disk, fetch.hinted)
+
+    def _finish(self, fetch: _Fetch) -> None:
+        if fetch.data is None and fetch.error is None:  # cancelled: the mount is closing
+            fetch.error = StorageUnavailable(f"fetch of {fetch.key.name} cancelled")
+        for listener in fetch.listeners:
+            try:
+                listener(fetch.data, fetch.error)
+            except Exception:
+                log.exception("fetch listener failed")
+        del self._in_flight[fetch.key]
+        fetch.done.set()
 
     def statistics(self) -> FetcherStats:
         queued = sum(1 for f in self._in_flight.values() if f.queue_scope is not None)
@@ -219,4 +305,5 @@ class BlockFetcher:
             fetched_bytes=self._fetched_bytes,
             disk_hits=self._disk_hits,
             failed=self._failed,
+            coalesced=self._coalesced,
         )

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from blobmount.blocks.fetcher import BlockFetcher, DiskTier, FetcherStats
+from blobmount.blocks.fetcher import (
+    COALESCE_BYTES,
+    BlockFetcher,
+    DiskTier,
+    FetcherStats,
+    Listener,
+)
 from blobmount.blocks.hinted import HintedBlocks, HintedBlockStats
 from blobmount.blocks.keys import BlobVersion, BlockKey, block_count, block_span, blocks_covering
 from blobmount.blocks.ram_tier import RamTier, RamTierStats
@@ -41,6 +47,8 @@ class BlockManagerConfig:
     hint_bytes: int = 0
     #: hinted fetches at once (DATASET_MOUNT_HINT_THREADS)
     hint_slots: int = 1
+    #: adjacent read-ahead blocks share one request up to this many bytes
+    coalesce_bytes: int = COALESCE_BYTES
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -117,7 +125,13 @@ class BlockManager:
         self.hinted = HintedBlocks(config.hint_bytes)
         self._hint_slots = trio.CapacityLimiter(max(1, config.hint_slots))
         self.fetcher = BlockFetcher(
-            storage, config.block_size, config.prefetch_slots, nursery, self._on_arrival, disk_tier
+            storage,
+            config.block_size,
+            config.prefetch_slots,
+            nursery,
+            self._on_arrival,
+            disk_tier,
+            coalesce_bytes=config.coalesce_bytes,
         )
         self._handles = 0
         self._reads = 0
@@ -213,23 +227,40 @@ class BlockManager:
 
     def _schedule(self, handle: BlockHandle, ahead: range) -> None:
         version = handle.version
+        todo: list[int] = []
         for index in ahead:
             if index in handle.buffer or index in handle.pending:
                 continue
-            key = BlockKey(version.name, version.etag, index)
-            if key in self.ram:
+            if BlockKey(version.name, version.etag, index) in self.ram:
                 continue
+            todo.append(index)
+        group = self.fetcher.coalesce_blocks
+        if len(todo) < group and len(ahead) >= 2 * group and ahead.stop < handle.policy.block_total:
+            # A wide window slides one block per block read: topping it up at once would make
+            # every request one block. Wait until a whole request's worth is missing (the
+            # window is at least twice that, so the reader is still well covered).
+            return
+        first, listeners = 0, list[Listener]()  # the run of adjacent blocks being gathered
+        for index in todo:
+            if listeners and index != first + len(listeners):
+                self._prefetch_run(version, first, listeners)
+                listeners = []
+            if not listeners:
+                first = index
             length = block_span(index, self.config.block_size, version.size)[1]
             if not self.budget.try_reserve(length):
                 self._prefetch_skipped += 1
                 break
             handle.pending.add(index)
             self._prefetch_started += 1
-            self.fetcher.prefetch(key, version, self._prefetch_listener(handle, index, length))
+            listeners.append(self._prefetch_listener(handle, index, length))
+        self._prefetch_run(version, first, listeners)
 
-    def _prefetch_listener(
-        self, handle: BlockHandle, index: int, reserved: int
-    ) -> Callable[[bytes | None, Exception | None], None]:
+    def _prefetch_run(self, version: BlobVersion, first: int, listeners: list[Listener]) -> None:
+        if listeners:
+            self.fetcher.prefetch_adjacent(version, first, listeners)
+
+    def _prefetch_listener(self, handle: BlockHandle, index: int, reserved: int) -> Listener:
         def landed(data: bytes | None, error: Exception | None) -> None:
             handle.pending.discard(index)
             if data is None:
@@ -309,7 +340,7 @@ class BlockManager:
         reserved: int,
         wanted: Callable[[], bool],
         landed: Callable[[bool], None],
-    ) -> Callable[[bytes | None, Exception | None], None]:
+    ) -> Listener:
         def done(data: bytes | None, error: Exception | None) -> None:
             if data is not None and wanted():
                 self.hinted.put(key, data, reserved)
