@@ -28,6 +28,7 @@ from blobmount.hints.coordinator import HintConfig, HintCoordinator
 from blobmount.hints.server import serve_hints
 from blobmount.hints.whole_file import WholeFileHints
 from blobmount.metrics import open_metrics
+from blobmount.mounttable import set_read_ahead
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, hints_socket, stats_socket
 from blobmount.settings import Settings, describe
@@ -36,6 +37,7 @@ from blobmount.stats import Snapshot, ThroughputMeter, as_dict, serve_stats
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.retry import RetryingStorageClient
+from blobmount.units import format_size
 from blobmount.wholefile.cache import open_whole_file_mode
 
 if TYPE_CHECKING:
@@ -98,6 +100,24 @@ def fuse_options(settings: Settings, spec: SourceSpec) -> set[str]:
     if settings.allow_other:
         options.add("allow_other")
     return options
+
+
+def tune_kernel_read_ahead(mountpoint: str, size: int) -> None:
+    """Let the kernel send reads of up to `size` bytes (see blobmount.mounttable); a refusal
+    only costs speed, so it is logged, not fatal."""
+    if size <= 0:
+        return
+    try:
+        device = set_read_ahead(mountpoint, size)
+    except (LookupError, OSError) as exc:
+        log.info(
+            "kernel read-ahead not raised to %s (%s): sequential reads arrive in the kernel's "
+            "default requests (usually 128 KiB)",
+            format_size(size),
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else exc,
+        )
+    else:
+        log.info("kernel read-ahead of %s (device %s): %s", mountpoint, device, format_size(size))
 
 
 @asynccontextmanager
@@ -180,6 +200,12 @@ async def serve(
             blocks.hinted.on_free = hints.room_freed
             fs.open_listener = hints
             ops = FuseOperations(fs)
+
+            async def tune() -> None:
+                tune_kernel_read_ahead(str(request.mountpoint), settings.kernel_read_ahead)
+
+            # the kernel resets the read-ahead when it gets the INIT answer: tune just after it
+            ops.on_init = lambda: work.start_soon(tune)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
             record = MountRecord(
                 os.getpid(),

@@ -506,6 +506,9 @@ class Settings(BaseSettings):
     hint_threads: Annotated[int, _Int(1, 1024, what="a number of requests")] = _env(
         "DATASET_MOUNT_HINT_THREADS", 32
     )
+    kernel_read_ahead: Annotated[int, _Size(example="1MB", maximum=64 * MiB)] = _env(
+        "DATASET_MOUNT_KERNEL_READ_AHEAD", 1 * MiB
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

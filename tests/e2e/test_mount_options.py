@@ -83,3 +83,24 @@ def test_stats_channel_is_not_in_the_namespace(container, mount_factory):
     found = [os.path.join(root, n) for root, dirs, files in os.walk(mnt) for n in dirs + files]
     assert sorted(os.path.relpath(p, mnt) for p in found) == ["data", "data/x.bin"]
     assert not str(stats_socket(mnt)).startswith(str(mnt))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a device's read-ahead needs root")
+@pytest.mark.parametrize(
+    ("setting", "request_kib"), [(None, 1024), ("4MB", 1024), ("256KB", 256), ("0", 128)]
+)
+def test_kernel_read_ahead_sets_the_size_of_the_kernels_reads(
+    container, mount_factory, setting, request_kib
+):
+    # the kernel's own default is 128 KiB; its FUSE requests are never larger than 1 MiB
+    env = {} if setting is None else {"DATASET_MOUNT_KERNEL_READ_AHEAD": setting}
+    daemon = mount_factory(container, env=env)
+    expected = pattern_bytes("x", 0, 5 * 1024 * 1024)
+    with open(daemon.mountpoint / "data/x.bin", "rb", buffering=0) as f:
+        data = b"".join(iter(lambda: f.read(1024 * 1024), b""))
+    assert data == expected
+    stats = fetch_stats(stats_socket(daemon.mountpoint))["blocks"]
+    assert stats["bytes_served"] == len(expected)
+    assert stats["reads"] == len(expected) // (request_kib * 1024)
+    if setting != "0":
+        assert "kernel read-ahead of" in daemon.log()

@@ -12,7 +12,7 @@ import trio
 
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
-from blobmount.hints.client import blobmount_mounts, hinted
+from blobmount.hints.client import hinted
 from blobmount.hints.coordinator import REORDER_SLACK, HintConfig, HintCoordinator
 from blobmount.hints.server import mount_relative
 from blobmount.namespace.inodes import ROOT_INODE
@@ -224,16 +224,6 @@ async def test_a_closed_stream_lets_go_of_what_was_never_read(nursery, autojump_
 )
 def test_hint_lines(line, expected):
     assert mount_relative(line, "/mnt/data") == expected
-
-
-def test_mount_table_parsing(tmp_path):
-    info = tmp_path / "mountinfo"
-    info.write_text(
-        "36 25 0:32 / /mnt/with\\040space rw,nosuid - fuse.blobmount az ro\n"
-        "37 25 0:33 / /mnt/other rw - fuse.sshfs host: rw\n"
-        "38 25 0:34 / /mnt/with\\040space/inner rw - fuse.blobmount az ro\n"
-    )
-    assert blobmount_mounts(str(info)) == ["/mnt/with space/inner", "/mnt/with space"]
 
 
 def test_hinted_yields_everything_without_a_mount(tmp_path, caplog):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,6 +34,15 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.active_requests = 0
         self._idle = trio.Event()
         self._idle.set()
+        #: called while the kernel's INIT request is handled, before it is answered
+        self.on_init: Callable[[], None] | None = None
+
+    def init(self) -> None:
+        if self.on_init is not None:
+            try:
+                self.on_init()
+            except Exception:  # init must not raise: it answers no particular request
+                log.exception("mount init hook failed")
 
     # -- plumbing --------------------------------------------------------------------------
 

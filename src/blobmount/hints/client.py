@@ -23,37 +23,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from blobmount.mounttable import blobmount_mounts
 from blobmount.runstate import hints_socket
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 DEFAULT_WINDOW = 256
-_MOUNTINFO = "/proc/self/mountinfo"
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def blobmount_mounts(mountinfo: str = _MOUNTINFO) -> list[str]:
-    """Mount points of blobmount mounts seen by this process, longest first."""
-    points = []
-    try:
-        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "fuse.blobmount":
-                    # octal escapes (\040 for a space) in the mount point field
-                    point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), left.split(" ")[4])
-                    points.append(point)
-    except OSError:
-        pass
-    return sorted(points, key=len, reverse=True)
 
 
 class HintChannel:
