@@ -261,7 +261,8 @@ def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_en
         return y - x
 
     # first read: every block fetched from storage once, readers waited for some of them
-    assert delta(s0, s1, "storage", "range_requests") == blocks
+    # each block fetched once, adjacent read-ahead blocks in one request
+    assert 1 <= delta(s0, s1, "storage", "range_requests") <= blocks
     assert delta(s0, s1, "storage", "range_bytes") == len(expected)
     assert delta(s0, s1, "blocks", "bytes_served") == len(expected)
     assert delta(s0, s1, "blocks", "storage_waits") >= 1
@@ -315,7 +316,8 @@ def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_en
         for key in keys:
             value = value[key]
         assert got[metric] == pytest.approx(value), metric
-    assert got[("blobmount_storage_requests_total", (("operation", "range"),))] == blocks
+    range_requests = s2["storage"]["range_requests"]
+    assert got[("blobmount_storage_requests_total", (("operation", "range"),))] == range_requests
     info = [k for k in got if k[0] == "blobmount_mount_info"]
     assert dict(info[0][1])["mountpoint"] == str(daemon.mountpoint)
     assert got[("process_resident_memory_bytes", ())] > 0
@@ -326,7 +328,7 @@ def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_en
     text = done.stdout
     for line in (
         "served to readers",
-        "storage requests  4 range",
+        f"storage requests  {range_requests} range",
         "cache hits        RAM ",
         "read-ahead",
         "RAM tier",

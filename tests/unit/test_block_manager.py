@@ -308,3 +308,52 @@ async def test_blocks_on_disk_split_a_coalesced_request(nursery):
     covered = sorted(i for first, n in storage.gets for i in range(first, first + n))
     assert covered == [i for i in range(40) if i != 5]
     assert mgr.fetcher.statistics().disk_hits == 1
+
+
+# -- readers of parts of one file ----------------------------------------------------------------
+
+
+async def read_part(mgr, handle, start_block, end_block, step=B // 2):
+    out = bytearray()
+    offset = start_block * B
+    while offset < min(end_block * B, handle.version.size):
+        out += await mgr.read(handle, offset, min(step, end_block * B - offset))
+        offset = start_block * B + len(out)
+        await trio.sleep(0)  # let the other readers move too
+    return bytes(out)
+
+
+async def test_readers_of_parts_do_not_read_ahead_into_each_others_parts(nursery):
+    # (threads sharing one handle can be taken for one stream while their parts are close, so
+    # there the saving is partial)
+    storage, mgr, version, data = make_coalescing(nursery, blocks=40, ahead=16)
+    parts = [(0, 10), (10, 20), (20, 30), (30, 40)]
+    got: dict[int, bytes] = {}
+
+    async def reader(i, first, end):
+        handle = mgr.open(version)
+        got[i] = await read_part(mgr, handle, first, end)
+
+    async with trio.open_nursery() as inner:
+        for i, (first, end) in enumerate(parts):
+            inner.start_soon(reader, i, first, end)
+    assert b"".join(got[i] for i in range(4)) == data
+    await trio.testing.wait_all_tasks_blocked()
+    # each block fetched once: nobody's read-ahead ran into the next reader's part
+    assert storage.range_bytes == len(data)
+
+
+async def test_a_reader_carrying_on_into_another_part_gets_read_ahead_back(nursery):
+    storage, mgr, version, data = make_coalescing(nursery, blocks=40, ahead=8)
+    other = mgr.open(version)
+    assert await read_part(mgr, other, 20, 23) == data[20 * B : 23 * B]  # started at 20, moved on
+    mgr.close(other)  # gone: its start no longer limits anyone
+    other = mgr.open(version)
+    await read_part(mgr, other, 20, 22)
+    before = mgr.statistics().storage_waits
+    whole = mgr.open(version)
+    assert await read_part(mgr, whole, 0, 40) == data
+    # the whole-file reader waits on storage at its start and once at block 20, where its
+    # read-ahead stopped; after that it reads ahead again
+    waits = mgr.statistics().storage_waits - before
+    assert waits <= 4, waits

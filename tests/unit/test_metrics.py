@@ -87,10 +87,12 @@ async def test_metrics_are_the_snapshot_figures(nursery: trio.Nursery) -> None:
     s = await live_snapshot(nursery)
     got = samples(exposition(s))
     blocks, storage = s["blocks"], s["storage"]
-    assert storage["range_requests"] == 5  # fetched once...
+    # 5 blocks fetched once (adjacent read-ahead blocks share a request)...
+    assert storage["range_bytes"] == 5 * B
+    assert 1 <= storage["range_requests"] <= 5
     assert blocks["ram_hits"] >= 5  # ...and read again from RAM
     expected = {
-        ("blobmount_storage_requests_total", (("operation", "range"),)): 5,
+        ("blobmount_storage_requests_total", (("operation", "range"),)): storage["range_requests"],
         ("blobmount_storage_read_bytes_total", ()): storage["range_bytes"],
         ("blobmount_read_bytes_total", ()): blocks["bytes_served"],
         ("blobmount_reads_total", ()): blocks["reads"],

@@ -134,6 +134,8 @@ class BlockManager:
             coalesce_bytes=config.coalesce_bytes,
         )
         self._handles = 0
+        #: open handles per version, to see where other readers of a file are
+        self._readers: dict[tuple[str, str], list[BlockHandle]] = {}
         self._reads = 0
         self._bytes_served = 0
         self._buffer_hits = 0
@@ -151,13 +153,20 @@ class BlockManager:
     def open(self, version: BlobVersion) -> BlockHandle:
         self._handles += 1
         blocks = block_count(version.size, self.config.block_size)
-        return BlockHandle(version, ReadAheadPolicy(self.config.read_ahead_blocks, blocks))
+        handle = BlockHandle(version, ReadAheadPolicy(self.config.read_ahead_blocks, blocks))
+        self._readers.setdefault((version.name, version.etag), []).append(handle)
+        return handle
 
     def close(self, handle: BlockHandle) -> None:
         if handle.closed:
             return
         handle.closed = True
         self._handles -= 1
+        key = (handle.version.name, handle.version.etag)
+        readers = self._readers[key]
+        readers.remove(handle)
+        if not readers:
+            del self._readers[key]
         for index in list(handle.buffer):
             self._drop(handle, index)
 
@@ -220,13 +229,36 @@ class BlockManager:
                 self._storage_wait_s += trio.current_time() - started
             # a hinted fetch this read joined left its block in the hinted store as it landed
             self.hinted.take(key)
+            if index in handle.prefetched:
+                # this read joined the handle's own read-ahead of the block: it was used, and
+                # no later buffer hit will say so (the kernel may never ask for it again)
+                handle.prefetched.discard(index)
+                self._prefetch_used += 1
         self._retain(handle, index, data, reserved=0)
         return data
 
     # -- read-ahead ------------------------------------------------------------------------
 
+    def _others_start_in(self, handle: BlockHandle, ahead: range) -> int | None:
+        """The first block in `ahead` where another reader of the same file started and has
+        read on from. Several readers each reading their own part of one file (8 DataLoader
+        workers, each a slice, each with its own handle) would otherwise each read a whole
+        window into the next part, which that part's reader has fetched already. A reader that
+        does carry on past that point gets its read-ahead back one block later. (The stream
+        `ahead` belongs to started before `ahead`, so it never cuts itself short.)"""
+        starts = [
+            start
+            for reader in self._readers.get((handle.version.name, handle.version.etag), ())
+            for start in reader.policy.starts()
+            if ahead.start <= start < ahead.stop
+        ]
+        return min(starts, default=None)
+
     def _schedule(self, handle: BlockHandle, ahead: range) -> None:
         version = handle.version
+        end_of_part = self._others_start_in(handle, ahead)
+        if end_of_part is not None:
+            ahead = range(ahead.start, end_of_part)
         todo: list[int] = []
         for index in ahead:
             if index in handle.buffer or index in handle.pending:
@@ -235,7 +267,8 @@ class BlockManager:
                 continue
             todo.append(index)
         group = self.fetcher.coalesce_blocks
-        if len(todo) < group and len(ahead) >= 2 * group and ahead.stop < handle.policy.block_total:
+        at_end = ahead.stop >= handle.policy.block_total or end_of_part is not None
+        if len(todo) < group and len(ahead) >= 2 * group and not at_end:
             # A wide window slides one block per block read: topping it up at once would make
             # every request one block. Wait until a whole request's worth is missing (the
             # window is at least twice that, so the reader is still well covered).

@@ -5,6 +5,9 @@ one handle shared by several threads each reading its own part still gets read-a
 A stream earns read-ahead by reading forward: a read that starts a new stream away from the start
 of the file prefetches nothing (random reads waste nothing); each step forward into a new block
 doubles the window, up to DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT blocks.
+
+`starts()` tells where streams began that have moved on since: the block manager stops other
+handles' read-ahead of the same file there (see BlockManager._schedule).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ class _Stream:
     last_block: int
     window: int
     tick: int
+    first_block: int
 
 
 class ReadAheadPolicy:
@@ -35,7 +39,7 @@ class ReadAheadPolicy:
         stream = self._match(first)
         if stream is None:
             window = min(INITIAL_WINDOW, self.max_window) if first == 0 else 0
-            stream = _Stream(last_block=last, window=window, tick=self._tick)
+            stream = _Stream(last_block=last, window=window, tick=self._tick, first_block=first)
             self._streams.append(stream)
             if len(self._streams) > MAX_STREAMS:
                 self._streams.remove(min(self._streams, key=lambda s: s.tick))
@@ -62,3 +66,7 @@ class ReadAheadPolicy:
         for s in self._streams:
             keep.update(range(max(0, s.last_block - 1), s.last_block + 1 + s.window))
         return keep
+
+    def starts(self) -> list[int]:
+        """First blocks of the streams that have read past them (readers under way)."""
+        return [s.first_block for s in self._streams if s.last_block > s.first_block]
