@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: pyfuse3 worker tasks kept waiting for requests: with its default (1) a burst of concurrent
+#: requests starts a task for each and ends it right after, a task spawn per request
+FUSE_IDLE_WORKERS = 16
+
 #: opens the storage client for a mount (tests and the memory:// benchmark pass their own)
 StorageFactory = Callable[[], AbstractAsyncContextManager[StorageClient]]
 
@@ -253,7 +257,7 @@ async def serve(
                     control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
                     control.start_soon(_report_ready, request, notifier, record)
                     with fuse_scope:
-                        await pyfuse3.main()
+                        await pyfuse3.main(min_tasks=FUSE_IDLE_WORKERS)
                     control.cancel_scope.cancel()
             finally:
                 log.info("unmounting %s", request.mountpoint)

@@ -255,6 +255,8 @@ class BlockManager:
         return min(starts, default=None)
 
     def _schedule(self, handle: BlockHandle, ahead: range) -> None:
+        if not ahead:  # most reads of small files and random reads
+            return
         version = handle.version
         end_of_part = self._others_start_in(handle, ahead)
         if end_of_part is not None:

@@ -146,7 +146,10 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.fs.release(fh)
 
     async def flush(self, fh: int) -> None:
-        return None
+        # Nothing is ever written, so there is nothing to flush. ENOSYS (not success) tells the
+        # kernel so once and for all: it stops sending FLUSH on every close(), one request per
+        # opened file fewer, and close() still returns 0.
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         return None  # nothing is ever dirty
