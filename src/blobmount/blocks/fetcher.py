@@ -180,10 +180,8 @@ class BlockFetcher:
                 self._launch(version, run)
                 run = []
                 continue
-            fetch = _Fetch(key, False, self._limiter, False)
+            fetch = self._register(key, urgent=False)
             fetch.listeners.append(listener)
-            self._in_flight[key] = fetch
-            self._prefetches += 1
             run.append(fetch)
             if len(run) == self.coalesce_blocks:
                 self._launch(version, run)
@@ -198,13 +196,20 @@ class BlockFetcher:
         urgent: bool,
         hint_slots: trio.CapacityLimiter | None = None,
     ) -> _Fetch:
+        fetch = self._register(key, urgent=urgent, hint_slots=hint_slots)
+        self._launch(version, [fetch])
+        return fetch
+
+    def _register(
+        self, key: BlockKey, *, urgent: bool, hint_slots: trio.CapacityLimiter | None = None
+    ) -> _Fetch:
+        """A new fetch of `key` in the in-flight table (not started yet: see _launch)."""
         fetch = _Fetch(key, urgent, hint_slots or self._limiter, hint_slots is not None)
         self._in_flight[key] = fetch
         if urgent:
             self._demand += 1
         else:
             self._prefetches += 1
-        self._launch(version, [fetch])
         return fetch
 
     def _launch(self, version: BlobVersion, run: list[_Fetch]) -> None:
