@@ -100,6 +100,12 @@ SIMPLE: tuple[tuple[str, str, str, str], ...] = (
         "disk.misses",
     ),
     ("counter", "disk_cache_corrupt", "Disk tier files that failed verification", "disk.corrupt"),
+    (
+        "counter",
+        "disk_cache_slow_inline_reads",
+        "Small disk tier reads on the event loop slower than 2 ms (reads then move to threads)",
+        "disk.inline.slow_reads",
+    ),
     ("gauge", "disk_cache_bytes", "Bytes in the disk tier", "disk.space.used_bytes"),
     ("gauge", "disk_cache_limit_bytes", "Disk tier size", "disk.space.capacity_bytes"),
     ("gauge", "disk_cache_blocks", "Blocks in the disk tier", "disk.space.entries"),

@@ -289,7 +289,7 @@ class DictDisk:
     def __init__(self, blocks):
         self.blocks = blocks
 
-    async def get(self, key):
+    async def get(self, key, size=None):
         return self.blocks.get(key.index)
 
     def put(self, key, data):

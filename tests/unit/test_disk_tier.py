@@ -202,22 +202,24 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("size", [None, B], ids=["in-a-thread", "in-place"])
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
-async def test_a_damaged_file_is_rejected_removed_and_refilled(tmp_path, corrupt):
+async def test_a_damaged_file_is_rejected_removed_and_refilled(tmp_path, corrupt, size):
     root = tmp_path / "c"
     async with open_block_disk_tier(config(root), LOC) as tier:
         tier.put(key(0), block(0))
         await settle(tier)
         path = tier.path(key(0))
         corrupt(path)
-        assert await tier.get(key(0)) is None
+        assert await tier.get(key(0), size) is None
         assert not path.exists()
         stats = tier.statistics()
         assert (stats.corrupt, stats.hits) == (1, 0)
+        assert stats.inline.reads == (0 if size is None else 1)
         # refetched and put again: valid again
         tier.put(key(0), block(0))
         await settle(tier)
-        assert await tier.get(key(0)) == block(0)
+        assert await tier.get(key(0), size) == block(0)
 
 
 async def test_a_file_of_another_block_under_this_name_is_rejected(tmp_path):
@@ -258,6 +260,61 @@ def test_read_keeps_a_good_file_that_replaced_the_bad_one(tmp_path):
     assert _remove_if(path, os.fstat(bad_fd)) == 0
     os.close(bad_fd)
     assert read_block_file(path, key_bytes(LOC, k), B, 0, 60.0).data == block(0)
+
+
+# -- small blocks read in place --------------------------------------------------------------
+
+
+async def test_small_blocks_are_read_on_the_trio_thread_large_ones_in_a_worker(
+    tmp_path, monkeypatch
+):
+    from blobmount.blocks import disk_tier
+
+    threads: list[str] = []
+    real = disk_tier.read_block_file
+
+    def spying(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(disk_tier, "read_block_file", spying)
+    trio_thread = threading.current_thread().name
+    async with open_block_disk_tier(config(tmp_path / "c", inline_read_max_bytes=B), LOC) as tier:
+        tier.put(key(0), block(0))
+        tier.put(key(1), block(1, 100))
+        await settle(tier)
+        assert await tier.get(key(0), B) == block(0)  # at the limit: in place
+        assert await tier.get(key(1), 100) == block(1, 100)
+        assert await tier.get(key(0), B + 1) == block(0)  # over the limit: a worker
+        assert await tier.get(key(0)) == block(0)  # size unknown: a worker
+        assert tier.statistics().inline.reads == 2
+    assert threads[:2] == [trio_thread, trio_thread]
+    assert len(threads) == 4
+    assert trio_thread not in threads[2:]
+
+
+async def test_a_slow_read_in_place_sends_reads_to_workers_for_a_while(tmp_path, monkeypatch):
+    from blobmount.blocks import disk_tier, inline_reads
+
+    real = disk_tier.read_block_file
+    on_trio: list[bool] = []
+    trio_thread = threading.current_thread()
+
+    def slow(*args):
+        on_trio.append(threading.current_thread() is trio_thread)
+        time.sleep(inline_reads.SLOW_S * 2)
+        return real(*args)
+
+    monkeypatch.setattr(disk_tier, "read_block_file", slow)
+    async with open_block_disk_tier(config(tmp_path / "c"), LOC) as tier:
+        tier.put(key(0), block(0))
+        await settle(tier)
+        for _ in range(3):
+            assert await tier.get(key(0), B) == block(0)
+        stats = tier.statistics().inline
+    # the first read was in place and slow; the back-off (1 s) sent the next ones to a worker
+    assert on_trio == [True, False, False]
+    assert (stats.reads, stats.slow_reads) == (1, 1)
 
 
 # -- the write queue ------------------------------------------------------------------------

@@ -14,7 +14,9 @@ ever becomes a path. docs/developer-notes/cache-format.md has the byte layout.
 - A hit touches the file's mtime (at most once a `touch_interval_s`), which is the LRU order the
   pruner uses, so the order survives restarts.
 - File I/O runs in worker threads (`trio.to_thread.run_sync`): reads bounded by
-  DATASET_MOUNT_READ_THREADS, writes by DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS. See
+  DATASET_MOUNT_READ_THREADS, writes by DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS. The one
+  exception: a small block is read on the trio thread while the disk answers fast, since the
+  thread hop costs more than the read (`blocks.inline_reads`). See
   docs/developer-notes/concurrency.md, "Disk tier".
 
 A cache that cannot be used (no permission, disk full, I/O errors) never fails a read: the
@@ -39,11 +41,13 @@ import trio
 
 from blobmount.blocks.disk_writer import DiskWriter, DiskWriterConfig, DiskWriterStats, WriteOutcome
 from blobmount.blocks.fetcher import DiskTier
+from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate, InlineReadStats
 from blobmount.blocks.keys import BlockKey
 from blobmount.cachedir.layout import (
     CacheLayout,
     allocated_bytes,
     atomic_write,
+    entry_in,
     free_bytes,
 )
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
@@ -88,8 +92,12 @@ def encode_header(location: str, key: BlockKey, block_size: int, data: bytes) ->
 
 def block_path(layout: CacheLayout, location: str, key: BlockKey, block_size: int) -> Path:
     """Where block `key` (of blocks of `block_size` bytes) lives in the cache directory."""
-    parts = (key.name, key.etag, str(key.index), str(block_size))
-    return layout.entry_path(KIND, location, parts)
+    return block_path_in(layout.location_dir(KIND, location), key, block_size)
+
+
+def block_path_in(folder: Path, key: BlockKey, block_size: int) -> Path:
+    """`block_path` in a location's folder already known (it is a hash: worth keeping)."""
+    return entry_in(folder, (key.name, key.etag, str(key.index), str(block_size)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +221,8 @@ class DiskTierConfig:
     rescan_interval_s: float = 300.0
     #: how long closing may take to write out what is still queued
     drain_timeout_s: float = 30.0
+    #: blocks up to this size may be read on the trio thread (`blocks.inline_reads`)
+    inline_read_max_bytes: int = INLINE_MAX_BYTES
 
 
 def disk_tier_config(settings: Settings) -> DiskTierConfig:
@@ -241,6 +251,7 @@ class DiskTierStats:
     hit_bytes: int
     misses: int
     queue_hits: int  # served from the write queue, before reaching the disk
+    inline: InlineReadStats  # hits read on the trio thread rather than a worker thread
     corrupt: int  # files that failed verification (removed, block refetched)
     read_errors: int
     writer: DiskWriterStats
@@ -270,6 +281,8 @@ class BlockDiskTier:
             DiskWriterConfig(config.max_queue_bytes, config.write_threads), self._write
         )
         self._read_limiter = trio.CapacityLimiter(max(1, config.read_threads))
+        self._inline = InlineReadGate(config.inline_read_max_bytes)
+        self._folder = layout.location_dir(KIND, location)
         self._write_limiter = trio.CapacityLimiter(max(1, config.write_threads))
         self._hits = 0
         self._hit_bytes = 0
@@ -280,24 +293,36 @@ class BlockDiskTier:
         self._errors_logged: set[str] = set()
 
     def path(self, key: BlockKey) -> Path:
-        return block_path(self.layout, self.location, key, self.config.block_size)
+        return block_path_in(self._folder, key, self.config.block_size)
 
-    async def get(self, key: BlockKey) -> bytes | None:
-        """The verified block, or None (missing, or rejected and removed). Never raises."""
+    async def get(self, key: BlockKey, size: int | None = None) -> bytes | None:
+        """The verified block, or None (missing, or rejected and removed). Never raises.
+
+        `size` is the block's length when the caller knows it: a small block is then read on
+        the trio thread while the disk is fast (`blocks.inline_reads`)."""
         data = self.writer.pending(key)
         if data is not None:
             self._queue_hits += 1
             return data
+        args = (
+            self.path(key),
+            key_bytes(self.location, key),
+            self.config.block_size,
+            key.index,
+            self.config.touch_interval_s,
+        )
         try:
-            result = await trio.to_thread.run_sync(
-                read_block_file,
-                self.path(key),
-                key_bytes(self.location, key),
-                self.config.block_size,
-                key.index,
-                self.config.touch_interval_s,
-                limiter=self._read_limiter,
-            )
+            if self._inline.allows(size):
+                started = time.monotonic()
+                try:
+                    result = read_block_file(*args)
+                finally:
+                    self._inline.record(time.monotonic() - started)
+                await trio.lowlevel.checkpoint()  # a run of small blocks still lets others in
+            else:
+                result = await trio.to_thread.run_sync(
+                    read_block_file, *args, limiter=self._read_limiter
+                )
         except OSError as exc:
             self._read_errors += 1
             self._log_once("read", "cannot read the disk cache %s: %s", self.layout.root, exc)
@@ -374,6 +399,7 @@ class BlockDiskTier:
             hit_bytes=self._hit_bytes,
             misses=self._misses,
             queue_hits=self._queue_hits,
+            inline=self._inline.statistics(),
             corrupt=self._corrupt,
             read_errors=self._read_errors,
             writer=self.writer.statistics(),

@@ -45,7 +45,7 @@ class DiskTier(Protocol):
     None (never raises for a bad cache file: it is dropped and refetched); `put` queues a write
     in the background and never blocks."""
 
-    async def get(self, key: BlockKey) -> bytes | None: ...
+    async def get(self, key: BlockKey, size: int | None = None) -> bytes | None: ...
 
     def put(self, key: BlockKey, data: bytes) -> None: ...
 
@@ -248,8 +248,9 @@ class BlockFetcher:
         stretch of adjacent blocks the disk tier did not have."""
         stretch: list[_Fetch] = []
         for fetch in run:
-            data = await self._disk.get(fetch.key) if self._disk is not None else None
-            if data is not None and len(data) == self._span(fetch, version)[1]:
+            size = self._span(fetch, version)[1]
+            data = await self._disk.get(fetch.key, size) if self._disk is not None else None
+            if data is not None and len(data) == size:
                 self._disk_hits += 1
                 self._land(fetch, data, from_disk=True)
                 await self._get(version, stretch)

@@ -76,6 +76,12 @@ def entry_name(parts: Sequence[str]) -> str:
     return _hex_hash(parts, 20)
 
 
+def entry_in(folder: Path, parts: Sequence[str]) -> Path:
+    """The path of the entry keyed by `parts` in a location's folder (`location_dir`)."""
+    name = entry_name(parts)
+    return folder.joinpath(name[:2], name)
+
+
 def is_temporary(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
@@ -261,8 +267,7 @@ class CacheLayout:
         return self.root / kind / location_id(location)
 
     def entry_path(self, kind: str, location: str, parts: Sequence[str]) -> Path:
-        name = entry_name(parts)
-        return self.location_dir(kind, location) / name[:2] / name
+        return entry_in(self.location_dir(kind, location), parts)
 
     def is_cache(self) -> bool:
         """True if the directory carries blobmount's CACHEDIR.TAG."""
