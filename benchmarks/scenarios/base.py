@@ -199,6 +199,9 @@ class Scenario(ABC):
     mount_variants: ClassVar[Mapping[str, Mapping[str, str]]] = {}
     #: mounts whose readers hint their order: system name -> hint window (files ahead)
     hinted_variants: ClassVar[Mapping[str, int]] = {}
+    #: for a scenario with phases: also run blobmount and rclone-full as `<name>-kept`, whose
+    #: kernel caches are dropped only before the run, not between phases (as in a training job)
+    kept_cache_variants: ClassVar[bool] = False
     #: set for a slot that is not built yet: why, and what it waits for
     todo: ClassVar[str | None] = None
 

@@ -12,10 +12,13 @@ RCLONE_CACHE_MODES = ("off", "full")
 
 def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
     """Ceilings first (reference, then diagnostics), then the mount, its variants, then rclone."""
+    kept = scenario.kept_cache_variants
     return [
         *(CeilingSystem(name) for name in workload.ceilings),
         BlobmountSystem(),
         *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
         *(BlobmountSystem(name, hint_window=w) for name, w in scenario.hinted_variants.items()),
+        *([BlobmountSystem(keep_kernel_caches=True)] if kept else []),
         *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),
+        *([RcloneSystem("full", keep_kernel_caches=True)] if kept else []),
     ]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scenarios.base import Scenario
-from scenarios.systems import FOREIGN_ENV, MountedDaemon, MountSystem
+from scenarios.systems import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, MountedDaemon, MountSystem
 
 if TYPE_CHECKING:
     from scenarios.datasets import Store
@@ -58,8 +58,9 @@ class RcloneSystem(MountSystem):
     """`rclone mount` of the store's container, read-only, fresh cache dir, with
     `--vfs-cache-mode <mode>`; every other option is rclone's default, as a user would run it."""
 
-    def __init__(self, cache_mode: str) -> None:
-        self.name = f"rclone-{cache_mode}"
+    def __init__(self, cache_mode: str, keep_kernel_caches: bool = False) -> None:
+        self.name = f"rclone-{cache_mode}{KEPT_SUFFIX if keep_kernel_caches else ''}"
+        self.keeps_kernel_caches = keep_kernel_caches
         self.cache_mode = cache_mode
         self.kind = "peer"
         #: the remote-control port of the daemon started last (runs are one at a time)
@@ -67,7 +68,7 @@ class RcloneSystem(MountSystem):
         self.description = (
             f"rclone mount (Debian rclone), --vfs-cache-mode {cache_mode}, fresh daemon and "
             "cache dir, other options default"
-        )
+        ) + (KEPT_NOTE if keep_kernel_caches else "")
 
     def settings(self, scenario: Scenario) -> dict[str, str]:
         return {"--vfs-cache-mode": self.cache_mode, "--read-only": ""}

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from scenarios.base import GiB, Phase, Scenario
-from scenarios.systems import RunMetrics, SystemResult
+from scenarios.systems import KEPT_SUFFIX, RunMetrics, SystemResult
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +306,18 @@ def _phase_table(sr: ScenarioReport) -> list[str]:
         return []
     first, last = counted[0], counted[-1]
     totals = {r.system: r.median.seconds for r in sr.systems if r.median and r.median.phases}
-    ceiling_s, peer_s = totals.get("ceiling"), totals.get(PEER)
+    ceiling_s = totals.get("ceiling")
+    kept = any(name.endswith(KEPT_SUFFIX) for name in totals)
     lines = [
         f"**{sr.scenario.number}. {sr.scenario.name}, phase by phase** (median run; caches "
-        "dropped before each phase):",
+        "dropped before each phase"
+        + (
+            f"; `{KEPT_SUFFIX}` rows: dropped before the run only, as a training job's node "
+            f"would keep them, and compared with {PEER}{KEPT_SUFFIX}"
+            if kept
+            else ""
+        )
+        + "):",
         "",
         "| system | "
         + "".join(f"{name} (s) | " for name in apart)
@@ -322,6 +330,9 @@ def _phase_table(sr: ScenarioReport) -> list[str]:
         if run is None or not run.phases:
             continue
         times = run.phases
+        # a system that keeps the kernel's caches is compared with the peer that does too
+        kept_row = result.system.endswith(KEPT_SUFFIX)
+        peer_s = totals.get(PEER + KEPT_SUFFIX if kept_row else PEER)
         fetched = [run.phase_storage.get(name, {}) for name in (first, last)]
         if all("range_bytes" in f for f in fetched):
             traffic = " / ".join(

@@ -85,6 +85,11 @@ class Bench:
 # -- measuring ---------------------------------------------------------------------------------
 
 
+#: a mount system that keeps the kernel's caches between phases is named with this suffix
+KEPT_SUFFIX = "-kept"
+KEPT_NOTE = "; kernel caches dropped before the run only, kept from phase to phase"
+
+
 def drop_kernel_caches() -> str:
     """sync + `echo 3 > /proc/sys/vm/drop_caches`; says what happened."""
     os.sync()
@@ -760,6 +765,8 @@ class MountSystem(System):
     """A FUSE mount read by reader threads. Subclasses say how to start the daemon."""
 
     kind = "mount"
+    #: True: the kernel's caches are dropped before the run only, not between its phases
+    keeps_kernel_caches = False
 
     @abstractmethod
     def daemon(self, store: Store, scenario: Scenario, work: Path) -> MountedDaemon:
@@ -835,14 +842,14 @@ class MountSystem(System):
     ) -> PhasedRun:
         """The plan's phases in order on one mount; only phases in the total are metered.
 
-        Between phases: the kernel's caches are dropped and (for a plan with phases) the
-        daemon's counters read, both untimed.
+        Between phases: the kernel's caches are dropped (unless this system keeps them) and
+        (for a plan with phases) the daemon's counters read, both untimed.
         """
         run = PhasedRun()
         deadline = time.monotonic() + timeout_s
         last_stats = stats_before
         for i, (phase, jobs) in enumerate(phase_items(plan.phases, plan.jobs)):
-            if i:
+            if i and not self.keeps_kernel_caches:
                 drop_kernel_caches()
             if phase.in_total:
                 meter.start()
@@ -897,8 +904,10 @@ class BlobmountSystem(MountSystem):
         name: str = "blobmount",
         extra_env: Mapping[str, str] | None = None,
         hint_window: int = 0,
+        keep_kernel_caches: bool = False,
     ) -> None:
-        self.name = name
+        self.name = f"{name}{KEPT_SUFFIX}" if keep_kernel_caches else name
+        self.keeps_kernel_caches = keep_kernel_caches
         self.extra_env = dict(extra_env or {})
         self.hint_window = hint_window
         self.kind = "diagnostic" if extra_env else "mount"
@@ -906,6 +915,8 @@ class BlobmountSystem(MountSystem):
         if extra_env:
             changed = " ".join(f"{k}={v}" for k, v in self.extra_env.items())
             self.description = f"diagnostic: {self.description}, with {changed}"
+        if keep_kernel_caches:
+            self.description += KEPT_NOTE
         if hint_window:
             self.description += (
                 f"; the readers' order hinted {hint_window} files ahead "

@@ -27,6 +27,7 @@ from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.hints.coordinator import HintConfig, HintCoordinator
 from blobmount.hints.server import serve_hints
 from blobmount.hints.whole_file import WholeFileHints
+from blobmount.memory_limit import usable_memory_bytes
 from blobmount.metrics import open_metrics
 from blobmount.mounttable import set_read_ahead
 from blobmount.readiness import ReadyNotifier
@@ -62,22 +63,38 @@ class MountRequest:
     log_file: Path | None = None
 
 
-def read_ahead_budget(settings: Settings) -> int:
-    """Bytes all open files together may hold in read-ahead (DATASET_MOUNT_READ_AHEAD_MEMORY_LIMIT,
-    or by default room for two files' full read-ahead windows)."""
+#: the automatic read-ahead cap: this share of the memory the daemon may use, between room for
+#: two and for eight full read-ahead windows
+AUTO_READ_AHEAD_MEMORY_SHARE = 16
+AUTO_READ_AHEAD_WINDOWS = (2, 8)
+
+
+def read_ahead_budget(settings: Settings, memory_bytes: int | None = None) -> int:
+    """Bytes all open files together may hold in read-ahead: DATASET_MOUNT_READ_AHEAD_MEMORY_LIMIT,
+    or automatically 1/16 of `memory_bytes` (the RAM or cgroup limit the daemon runs under),
+    kept between two and eight full read-ahead windows.
+
+    Eight readers of a large file, each its own part, read 1.6x faster with room for eight
+    windows than for two (docs/CONFIGURATION.md); a sidecar with little memory keeps the two."""
     if settings.read_ahead_memory_limit is not None:
         return settings.read_ahead_memory_limit
     window = max(1, settings.read_buffer_block_count) * settings.read_block_size
-    return max(2 * window, 4 * settings.read_block_size)
+    low, high = (n * window for n in AUTO_READ_AHEAD_WINDOWS)
+    low = max(low, 4 * settings.read_block_size)
+    share = 0 if memory_bytes is None else memory_bytes // AUTO_READ_AHEAD_MEMORY_SHARE
+    return max(low, min(high, share))
 
 
 def block_manager_config(settings: Settings) -> BlockManagerConfig:
+    budget = read_ahead_budget(settings, usable_memory_bytes())
+    if settings.read_ahead_memory_limit is None:
+        log.info("read-ahead memory limit (automatic): %s", format_size(budget))
     return BlockManagerConfig(
         block_size=settings.read_block_size,
         read_ahead_blocks=settings.read_buffer_block_count,
         prefetch_slots=settings.read_threads,
         ram_bytes=settings.memory_cache_size,
-        read_ahead_budget_bytes=read_ahead_budget(settings),
+        read_ahead_budget_bytes=budget,
         hint_bytes=settings.hint_memory_limit,
         hint_slots=settings.hint_threads,
     )

@@ -1,0 +1,63 @@
+"""How much memory the daemon may use: the machine's RAM, or its cgroup's limit when tighter.
+
+Used to size what the daemon chooses for itself (the automatic read-ahead cap), never what a
+user set. A sidecar container usually runs under a cgroup memory limit far below the node's RAM,
+so the limit, not the RAM, is what counts there. cgroup v2 (`memory.max`) and v1
+(`memory.limit_in_bytes`) are both read; anything unreadable counts as "no limit".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: cgroup v1 writes "no limit" as a huge number (page-rounded 2^63 - 1)
+_NO_LIMIT_ABOVE = 1 << 60
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():  # "max": no limit
+        return None
+    value = int(text)
+    return value if 0 < value < _NO_LIMIT_ABOVE else None
+
+
+def cgroup_limit_bytes(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """The tightest memory limit of this process's cgroup (v2 or v1), or None."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.lstrip("/")
+        if controllers == "":  # v2: "0::/path"
+            candidates += [root / rel / "memory.max", root / "memory.max"]
+        elif "memory" in controllers.split(","):  # v1: "4:memory:/path"
+            folder = root / "memory"
+            candidates += [folder / rel / "memory.limit_in_bytes", folder / "memory.limit_in_bytes"]
+    limits = [limit for limit in map(_read_limit, candidates) if limit is not None]
+    return min(limits, default=None)
+
+
+def usable_memory_bytes() -> int | None:
+    """The machine's RAM or the cgroup limit, whichever is smaller (None: neither is known)."""
+    known = [m for m in (physical_memory_bytes(), cgroup_limit_bytes()) if m is not None]
+    return min(known, default=None)
