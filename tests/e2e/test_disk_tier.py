@@ -156,6 +156,34 @@ def test_remount_on_the_same_cache_reads_nothing_from_storage(dataset, mount_fac
     print(f"\nremount: 32 MiB from the disk tier at {MEDIUM / MiB / seconds:.0f} MiB/s")
 
 
+def test_cached_small_files_are_read_in_place_and_right(azurite, mount_factory, cache_dir):
+    # small blocks come back from the disk tier on the event loop (blocks.inline_reads); the
+    # bytes must be the same as through a worker thread, and nothing goes to storage
+    container = f"small-{uuid.uuid4().hex[:8]}"
+    azurite.create_container(container)
+    files = {f"img/{i:03d}.jpg": pattern_bytes(f"small{i}", 0, 20_000 + 37 * i) for i in range(60)}
+    azurite.upload_many(container, list(files.items()), threads=8)
+    try:
+        first = mount_with_cache(mount_factory, container, cache_dir)
+        for name, data in files.items():
+            assert (first.mountpoint / name).read_bytes() == data
+        wait_written(first, blocks=len(files))
+        first.stop()
+
+        second = mount_with_cache(mount_factory, container, cache_dir, name="again")
+        for name, data in files.items():
+            assert (second.mountpoint / name).read_bytes() == data
+        s = stats(second)
+        assert s["storage"]["range_requests"] == 0
+        assert s["disk"]["hits"] == len(files)
+        assert s["disk"]["inline"]["reads"] + s["disk"]["inline"]["slow_reads"] >= 1
+        # every hit read in place unless a read was slow (then some went to threads)
+        if s["disk"]["inline"]["slow_reads"] == 0:
+            assert s["disk"]["inline"]["reads"] == len(files)
+    finally:
+        azurite.delete_container(container)
+
+
 def test_damaged_cache_files_are_detected_and_refetched(dataset, mount_factory, cache_dir):
     container, digests = dataset
     daemon = mount_with_cache(mount_factory, container, cache_dir)

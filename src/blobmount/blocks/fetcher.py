@@ -42,8 +42,9 @@ COALESCE_BYTES = 8 * 1024 * 1024
 
 class DiskTier(Protocol):
     """The second cache layer (blobmount.blocks.disk_tier). `get` returns a verified block or
-    None (never raises for a bad cache file: it is dropped and refetched); `put` queues a write
-    in the background and never blocks."""
+    None (never raises for a bad cache file: it is dropped and refetched); given the block's
+    `size`, it may read a small block without a thread hop. `put` queues a write in the
+    background and never blocks."""
 
     async def get(self, key: BlockKey, size: int | None = None) -> bytes | None: ...
 
