@@ -103,7 +103,7 @@ SIMPLE: tuple[tuple[str, str, str, str], ...] = (
     (
         "counter",
         "disk_cache_slow_inline_reads",
-        "Small disk tier reads on the event loop slower than 2 ms (reads then move to threads)",
+        "Times small disk tier reads on the event loop were slow (reads then move to threads)",
         "disk.inline.slow_reads",
     ),
     ("gauge", "disk_cache_bytes", "Bytes in the disk tier", "disk.space.used_bytes"),

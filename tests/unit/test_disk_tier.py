@@ -302,7 +302,7 @@ async def test_a_slow_read_in_place_sends_reads_to_workers_for_a_while(tmp_path,
 
     def slow(*args):
         on_trio.append(threading.current_thread() is trio_thread)
-        time.sleep(inline_reads.SLOW_S * 2)
+        time.sleep(inline_reads.STALL_S * 2)
         return real(*args)
 
     monkeypatch.setattr(disk_tier, "read_block_file", slow)

@@ -29,7 +29,7 @@ import hashlib
 import itertools
 import logging
 import os
-import secrets
+import random
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -108,8 +108,16 @@ def pid_alive(pid: int) -> bool:
 
 def temporary_path(final: Path) -> Path:
     """A temporary name next to `final`, unique across processes and writer threads."""
+    return Path(temporary_name(os.fspath(final)))
+
+
+def temporary_name(final: str) -> str:
+    """`temporary_path` on plain strings (the block tier's hot path: pathlib costs microseconds).
+    The pid and a counter make it unique among live processes; the random part keeps a reused
+    pid from meeting a dead process's leftover (no syscall: uniqueness, not secrecy)."""
     n = next(_temp_counter)  # itertools.count is atomic under the GIL
-    return final.with_name(f"{TEMP_PREFIX}{os.getpid()}-{n}-{secrets.token_hex(4)}")
+    head = os.path.dirname(final)
+    return f"{head}/{TEMP_PREFIX}{os.getpid()}-{n}-{random.getrandbits(32):08x}"
 
 
 def allocated_bytes(st: os.stat_result) -> int:
@@ -117,19 +125,19 @@ def allocated_bytes(st: os.stat_result) -> int:
     return st.st_blocks * 512
 
 
-def atomic_write(final: Path, parts: Sequence[bytes]) -> int:
+def atomic_write(final: str | Path, parts: Sequence[bytes]) -> int:
     """Write the concatenation of `parts` to `final` through a temporary and a rename.
 
     No fsync: every cache entry is verified when read, so a file torn by a power loss is found
     and dropped then, and fsync per block would cost more than the refetch it could save.
     Returns the bytes the new file occupies. Raises OSError (the temporary is removed).
     """
-    tmp = temporary_path(final)
+    tmp = temporary_name(os.fspath(final))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         fd = os.open(tmp, flags, 0o600)
     except FileNotFoundError:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
         fd = os.open(tmp, flags, 0o600)
     try:
         try:
@@ -164,7 +172,7 @@ def write_text_once(path: Path, text: str) -> None:
         atomic_write(path, [text.encode()])
 
 
-def free_bytes(path: Path) -> tuple[int, int]:
+def free_bytes(path: str | Path) -> tuple[int, int]:
     """(bytes free to us, allocation unit) of the file system holding `path`."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize, st.f_bsize or st.f_frsize or 4096

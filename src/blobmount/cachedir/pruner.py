@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class _PassOutcome:
     pruned: bool
     scan_s: float
     #: entries the scan saw written or touched shortly before it started, or since
-    recent: frozenset[Path]
+    recent: frozenset[str]
     #: another process held the prune lock, so this pass could not prune
     contended: bool
     #: bytes of entries last used before the pass started (what it could have removed)
@@ -121,9 +122,10 @@ class Pruner:
         # A scan may or may not see a write that ends around it; these make sure each write is
         # counted once: writes in progress, writes that ended while a pass scanned, and writes
         # still in progress whose finished file a pass has already counted.
-        self._in_flight: dict[Path, int] = {}
-        self._written_during_pass: list[tuple[Path, int]] | None = None
-        self._counted_by_scan: set[Path] = set()
+        # keyed by the path as a string: writers on the hot path build plain strings
+        self._in_flight: dict[str, int] = {}
+        self._written_during_pass: list[tuple[str, int]] | None = None
+        self._counted_by_scan: set[str] = set()
         self._full_until = -math.inf
         self._last_pass_removable = False
         self._last_pass_pruned = False
@@ -190,13 +192,16 @@ class Pruner:
             )
         self.wake()
 
-    def begin_write(self, path: Path, reserved: int) -> None:
+    def begin_write(self, path: str | Path, reserved: int) -> None:
         """A write to `path`, of `reserved` bytes reserved with `make_room`, starts."""
-        self._in_flight[path] = reserved
+        self._in_flight[os.fspath(path)] = reserved
 
-    def end_write(self, path: Path, reserved: int, written: int, free_after: int | None) -> None:
+    def end_write(
+        self, path: str | Path, reserved: int, written: int, free_after: int | None
+    ) -> None:
         """A write ended: `written` bytes now occupy `path` (0: nothing was written), and
         `free_after` is the disk's free space after it (None if unknown)."""
+        path = os.fspath(path)
         self._in_flight.pop(path, None)
         if path in self._counted_by_scan:
             # a pass already saw the finished file and counted it
@@ -230,7 +235,7 @@ class Pruner:
         # Room asked for by a waiting writer; the thread adds what writes in progress hold.
         want, self._room_wanted = self._room_wanted, 0
         in_flight = dict(self._in_flight)
-        during: list[tuple[Path, int]] = []
+        during: list[tuple[str, int]] = []
         self._written_during_pass = during
         try:
             outcome = await trio.to_thread.run_sync(
@@ -273,7 +278,7 @@ class Pruner:
             finished, self._pass_finished = self._pass_finished, trio.Event()
             finished.set()
 
-    def _scan_and_prune(self, want: int, in_flight: dict[Path, int]) -> _PassOutcome:
+    def _scan_and_prune(self, want: int, in_flight: dict[str, int]) -> _PassOutcome:
         """(worker thread) Scan; prune to the goal if at or above the threshold, counting
         `want` more bytes and the writes in progress (`in_flight`: path -> reserved bytes)
         whose finished files the scan did not see.
@@ -289,7 +294,7 @@ class Pruner:
         have_lock = lock.acquire(shared=False)
         try:
             ages = AgeHistogram()
-            recent: set[Path] = set()
+            recent: set[str] = set()
             removable = 0  # bytes last used before this pass: the most it may free
 
             def survey(entry: CacheEntry) -> None:
@@ -299,7 +304,7 @@ class Pruner:
                     removable += entry.size_bytes
                 # mtime comes from the same clock; the margin covers coarse timestamps
                 if entry.last_used_s >= started - 2.0:
-                    recent.add(Path(entry.path))
+                    recent.add(entry.path)
 
             scan = self.layout.scan(survey, remove_stale_temporaries=True, now=started)
             extra = want + sum(size for path, size in in_flight.items() if path not in recent)
