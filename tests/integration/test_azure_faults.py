@@ -182,6 +182,26 @@ async def test_content_range_longer_than_body_is_a_short_body(server, make_clien
     assert_clean(info.value, "dir/blob.bin")
 
 
+async def test_a_short_body_cut_into_parts_is_a_short_body(server, make_client):
+    server.replies.append(partial_content(0, 99, 1000, b"x" * 40, 40))
+    with pytest.raises(StorageUnavailable, match="short body") as info:
+        await make_client().get_range_parts("dir/blob.bin", ETAG, 0, [50, 50])
+    assert_clean(info.value, "dir/blob.bin")
+
+
+async def test_a_whole_blob_answer_is_cut_at_the_asked_range(server, make_client):
+    # a server that ignores the range sends the whole blob with a 200
+    body = bytes(range(256)) * 4
+    headers = {"Content-Length": str(len(body)), "ETag": ETAG, "x-ms-blob-type": "BlockBlob"}
+    server.replies += [response(200, "OK", headers, body)] * 2
+    client = make_client()
+    assert await client.get_range_parts("dir/blob.bin", ETAG, 100, [10, 20]) == [
+        body[100:110],
+        body[110:130],
+    ]
+    assert await client.get_range("dir/blob.bin", ETAG, 1000, 100) == body[1000:]
+
+
 async def test_connection_closed_mid_body_is_unavailable(server, make_client):
     # Content-Length 100, 10 bytes, then close. The SDK re-requests a broken body itself
     # (3 attempts, 1 s apart) before giving up; every attempt is cut short here.

@@ -307,6 +307,35 @@ async def test_get_range_exact_bytes(storage, start, length):
     assert data == BLOBS["big.bin"][start : start + length]
 
 
+@pytest.mark.parametrize(
+    ("start", "lengths"),
+    [
+        (0, [10, 20, 30]),  # small parts
+        (2 * MiB + 5, [2 * MiB, 2 * MiB]),  # blocks from the middle
+        (BIG - 3 * MiB, [MiB, MiB, MiB]),  # exactly to the end
+        (BIG - 3 * MiB, [2 * MiB, 2 * MiB, MiB]),  # past the end: the last parts short or gone
+        (BIG, [10, 10]),  # starting at the end: nothing
+    ],
+)
+async def test_get_range_parts_are_one_range_cut(storage, start, lengths):
+    etag = (await storage.get_properties("big.bin")).etag
+    parts = await storage.get_range_parts("big.bin", etag, start, lengths)
+    whole = BLOBS["big.bin"][start : start + sum(lengths)]
+    assert b"".join(parts) == whole
+    at = 0
+    for part, length in zip(parts, lengths, strict=False):
+        assert part == whole[at : at + length]
+        at += length
+    assert all(parts) and len(parts) <= len(lengths)
+
+
+async def test_get_range_parts_of_a_changed_blob_is_blob_changed(storage, backend):
+    etag = (await storage.get_properties("a/e.txt")).etag
+    backend.put("a/e.txt", b"e2")
+    with pytest.raises(BlobChanged):
+        await storage.get_range_parts("a/e.txt", etag, 0, [1, 1])
+
+
 @pytest.mark.parametrize("name", ["empty.bin", "marker"])
 async def test_get_range_of_empty_blob(storage, name):
     etag = (await storage.get_properties(name)).etag

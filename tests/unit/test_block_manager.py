@@ -189,12 +189,19 @@ class RecordingStorage(CountingStorageClient):
         self.gate.set()
         self.fail: Exception | None = None
 
-    async def get_range(self, name, etag, start, length):
+    async def _record(self, start, length):
         self.gets.append((start // self.block, -(-length // self.block)))
         await self.gate.wait()
         if self.fail is not None:
             raise self.fail
+
+    async def get_range(self, name, etag, start, length):
+        await self._record(start, length)
         return await super().get_range(name, etag, start, length)
+
+    async def get_range_parts(self, name, etag, start, lengths):
+        await self._record(start, sum(lengths))
+        return await super().get_range_parts(name, etag, start, lengths)
 
 
 def make_coalescing(nursery, *, blocks=40, ahead=16, coalesce=4, slots=4, disk=None):

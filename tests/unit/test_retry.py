@@ -42,6 +42,14 @@ async def test_succeeds_after_k_failures(store, autojump_clock):
     assert client.statistics() == RetryStatistics(retries=3, gave_up=0)
 
 
+async def test_parts_are_retried_and_fail_like_the_range_they_are(store, autojump_clock):
+    client = RetryingStorageClient(store, retries=3, rng=random.Random(1))
+    etag = (await store.inner.get_properties("dir/blob")).etag
+    store.fail_next("get_range", 2, unavailable())
+    assert await client.get_range_parts("dir/blob", etag, 1, [3, 4]) == [b"123", b"4567"]
+    assert store.calls["get_range"] == 3
+
+
 @pytest.mark.parametrize("op", ["list_page", "get_properties", "get_range"])
 async def test_every_operation_is_retried(store, op, autojump_clock):
     client = RetryingStorageClient(store, retries=2)

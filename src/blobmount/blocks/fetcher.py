@@ -267,23 +267,24 @@ class BlockFetcher:
         if not stretch:
             return
         spans = [self._span(f, version) for f in stretch]
-        start, total = spans[0][0], sum(length for _, length in spans)
-        data = await self._storage.get_range(version.name, version.etag, start, total)
-        if len(data) != total:
+        lengths = [length for _, length in spans]
+        start = spans[0][0]
+        if len(stretch) == 1:
+            parts = [await self._storage.get_range(version.name, version.etag, start, lengths[0])]
+        else:
+            # cut as it arrives, one block each: a block never holds the whole answer alive
+            parts = await self._storage.get_range_parts(version.name, version.etag, start, lengths)
+        got = [len(part) for part in parts]
+        if got != lengths:
             # A version is immutable: a short answer means the store is broken, not that the
             # blob shrank (that would be a new ETag). Never serve it.
             raise StorageUnavailable(
                 f"short read of {version.name} at block {stretch[0].key.index}: "
-                f"got {len(data)} of {total} bytes"
+                f"got {sum(got)} of {sum(lengths)} bytes"
             )
-        self._fetched_bytes += total
-        if len(stretch) == 1:
-            self._land(stretch[0], data, from_disk=False)
-            return
-        for fetch, (block_start, length) in zip(stretch, spans, strict=True):
-            # a copy per block: a view would keep the whole answer alive while any block is
-            offset = block_start - start
-            self._land(fetch, data[offset : offset + length], from_disk=False)
+        self._fetched_bytes += sum(lengths)
+        for fetch, data in zip(stretch, parts, strict=True):
+            self._land(fetch, data, from_disk=False)
 
     def _land(self, fetch: _Fetch, data: bytes, *, from_disk: bool) -> None:
         fetch.data = data

@@ -29,7 +29,7 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -59,6 +59,7 @@ from blobmount.errors import (
 )
 from blobmount.storage._aio_bridge import AsyncioBridge, BridgeClosedError
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.body_parts import PartCutter
 from blobmount.storage.rest_auth import RequestAuth, request_auth
 from blobmount.storage.rest_parse import parse_list_page, props_from_headers, quoted_etag
 
@@ -371,7 +372,12 @@ class AzureStorageClient(StorageClient):
         resp.release()
         return props_from_headers(name, resp.headers)
 
-    async def _get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
+    async def _get_range(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        """(loop thread) One ranged GET of `sum(lengths)` bytes, cut into parts as it arrives
+        (`body_parts`: each byte copied once)."""
+        length = sum(lengths)
         headers = {
             "x-ms-range": f"bytes={start}-{start + length - 1}",
             "If-Match": quoted_etag(etag),
@@ -381,32 +387,33 @@ class AzureStorageClient(StorageClient):
         except HttpStatusError as exc:
             if exc.status_code == 416:
                 # Azure answers 416 when the range starts at/after the end (or the blob is empty)
-                return await self._past_end(name, etag, start, exc)
+                await self._past_end(name, etag, start, exc)
+                return []
             if exc.status_code == 412:
                 # a deleted blob also fails If-Match: tell "gone" from "changed"
                 await self._get_properties(name)  # raises 404 if gone
             raise
         try:
             body_start, expected = _expected_body(resp, start)
-            body = await resp.read()
+            cutter = PartCutter(start - body_start, lengths)
+            async for chunk in resp.content.iter_any():
+                cutter.feed(chunk)
         finally:
             resp.release()
-        if len(body) != expected:
+        if cutter.body_bytes != expected:
             raise StorageUnavailable(
                 f"GET {self._where(name)} bytes {start}+{length}: short body "
-                f"({len(body)} of {expected} bytes)"
+                f"({cutter.body_bytes} of {expected} bytes)"
             )
-        if body_start != start or len(body) > length:
-            body = body[start - body_start : start - body_start + length]
-        return body
+        return cutter.finish()
 
-    async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> bytes:
+    async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> None:
+        """Returns if a 416 meant "nothing there" (the range starts at or after the end)."""
         props = await self._get_properties(name)
         if props.etag != quoted_etag(etag):
             raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
-        if start >= props.size:
-            return b""
-        raise exc  # 416 for a range inside the blob: not something we asked for
+        if start < props.size:
+            raise exc  # 416 for a range inside the blob: not something we asked for
 
     async def _aclose(self) -> None:
         http, self._http = self._http, None
@@ -480,10 +487,19 @@ class AzureStorageClient(StorageClient):
             if props.etag != etag:
                 raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
             return b""
+        parts = await self.get_range_parts(name, etag, start, (length,))
+        return parts[0] if parts else b""
+
+    async def get_range_parts(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        if not lengths or min(lengths) <= 0:
+            raise ValueError(f"parts must have lengths: {lengths!r}")
+        length = sum(lengths)
         return await self._call(
             f"GET bytes {start}-{start + length - 1} of",
             name,
-            lambda: self._get_range(name, etag, start, length),
+            lambda: self._get_range(name, etag, start, lengths),
             body_bytes=length,
         )
 

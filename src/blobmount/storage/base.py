@@ -1,15 +1,18 @@
 """The one small interface between blobmount and a blob store.
 
 Three data operations (list a prefix page by page, get a blob's properties, get a byte range of a
-pinned blob version) plus `aclose`. Implementations raise only `blobmount.errors` exceptions, so
-nothing above this layer knows which HTTP stack (or none) is underneath. All methods are trio
-coroutines.
+pinned blob version, whole or cut into parts) plus `aclose`. Implementations raise only
+`blobmount.errors` exceptions, so nothing above this layer knows which HTTP stack (or none) is
+underneath. All methods are trio coroutines.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from blobmount.storage.body_parts import split_parts
 
 #: Azure returns at most this many items per list request.
 MAX_LIST_PAGE = 5000
@@ -71,6 +74,18 @@ class StorageClient(ABC):
         Returns fewer bytes only when the blob ends first; never a mix of versions.
         Raises BlobChanged if the ETag differs, BlobNotFound if the blob is gone.
         """
+
+    async def get_range_parts(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        """`get_range` of `sum(lengths)` bytes, as consecutive parts of `lengths` (one request).
+
+        As with `get_range`, the parts end early only when the blob does: the last one returned
+        is then short. This default slices one `get_range` (a copy); a client that can cut the
+        answer as it arrives overrides it.
+        """
+        data = await self.get_range(name, etag, start, sum(lengths))
+        return split_parts(data, lengths)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most clients hold nothing
         """Release connections. The client must not be used afterwards."""

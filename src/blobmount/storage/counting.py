@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from blobmount.errors import StorageError
@@ -69,6 +70,18 @@ class CountingStorageClient(StorageClient):
             raise
         self.range_bytes += len(data)
         return data
+
+    async def get_range_parts(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        self.range_requests += 1
+        try:
+            parts = await self.inner.get_range_parts(name, etag, start, lengths)
+        except StorageError as exc:
+            self._failed(exc)
+            raise
+        self.range_bytes += sum(len(part) for part in parts)
+        return parts
 
     async def aclose(self) -> None:
         await self.inner.aclose()

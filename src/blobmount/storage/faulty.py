@@ -10,7 +10,7 @@ Each queued failure is used once, in order; when none is queued the call goes to
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -71,6 +71,12 @@ class FaultyStorageClient(StorageClient):
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
         await self._maybe_fail("get_range")
         return await self.inner.get_range(name, etag, start, length)
+
+    async def get_range_parts(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        await self._maybe_fail("get_range")  # the same request, cut differently
+        return await self.inner.get_range_parts(name, etag, start, lengths)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -118,6 +118,14 @@ class RetryingStorageClient(StorageClient):
         return await self._retrying(
             f"GET {name!r} bytes {start}+{length}",
             lambda: self.inner.get_range(name, etag, start, length),
+        )
+
+    async def get_range_parts(
+        self, name: str, etag: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        return await self._retrying(
+            f"GET {name!r} bytes {start}+{sum(lengths)}",
+            lambda: self.inner.get_range_parts(name, etag, start, lengths),
         )
 
     async def aclose(self) -> None:
