@@ -58,7 +58,8 @@ def test_bytes_past_the_parts_are_counted_not_kept():
 def test_a_chunk_that_is_exactly_a_part_is_kept_without_a_copy():
     first, second = BODY[:100], BODY[100:300]
     parts, _ = cut([first, second], 0, [100, 200])
-    assert parts[0] is first and parts[1] is second
+    assert parts[0] is first
+    assert parts[1] is second
 
 
 def test_split_parts_slices_a_whole_answer():

@@ -200,7 +200,8 @@ class BlockManager:
             for index in indices:
                 data = await self._block(handle, index)
                 base = index * bsize
-                parts.append(data[max(offset, base) - base : min(end, base + len(data)) - base])
+                lo, hi = max(offset, base) - base, min(end, base + len(data)) - base
+                parts.append(memoryview(data)[lo:hi])  # views: the join is the one copy
             out = b"".join(parts)
         self._bytes_served += len(out)
         return out
