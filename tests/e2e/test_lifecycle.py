@@ -579,9 +579,11 @@ def settings_budget(daemon: MountedDaemon) -> dict[str, int]:
     }
 
 
-#: what the bound allows beyond the settings: a GET answer arrives as parts joined into one
-#: body, which a read-ahead request of several blocks (up to COALESCE_BYTES) is then split into
-#: block copies of, so each of DATASET_MOUNT_READ_THREADS requests may hold twice its size
+#: what the bound allows beyond the settings: a GET answer (up to COALESCE_BYTES for a read-ahead
+#: request of several blocks) arrives as socket chunks joined into blocks, so while a block is
+#: joined its chunks and the blocks so far coexist; each of DATASET_MOUNT_READ_THREADS requests
+#: is allowed twice its size (a whole body and its block copies, before blocks were cut as the
+#: chunks arrive: kept as the safe side)
 def in_flight_bytes(read_threads: int, block_size: int = 2 * MiB) -> int:
     return read_threads * 2 * max(block_size, COALESCE_BYTES)
 
