@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from blobmount import fusectl
 from blobmount.blocks.disk_tier import open_disk_tier
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobmountError, StorageError
@@ -141,6 +142,26 @@ def tune_kernel_read_ahead(mountpoint: str, size: int) -> None:
         log.info("kernel read-ahead of %s (device %s): %s", mountpoint, device, format_size(size))
 
 
+def tune_kernel_background_requests(mountpoint: str, requests: int) -> None:
+    """Let the kernel keep `requests` read-aheads outstanding (see blobmount.fusectl); a
+    refusal only costs speed, so it is logged, not fatal."""
+    if requests <= 0:
+        return
+    try:
+        if fusectl.ensure_fusectl():
+            log.info("mounted fusectl at %s to tune the FUSE connection", fusectl.FUSECTL_ROOT)
+        conn = fusectl.set_max_background(mountpoint, requests)
+    except (LookupError, OSError) as exc:
+        log.info(
+            "FUSE background requests not raised to %d (%s): with many readers the kernel may "
+            "read small files a page at a time",
+            requests,
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else exc,
+        )
+    else:
+        log.info("FUSE background requests of %s (connection %s): %d", mountpoint, conn, requests)
+
+
 @asynccontextmanager
 async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncIterator[StorageClient]:
     """The Azure client for `spec`, with its asyncio bridge; closed on exit."""
@@ -223,9 +244,13 @@ async def serve(
             ops = FuseOperations(fs)
 
             async def tune() -> None:
-                tune_kernel_read_ahead(str(request.mountpoint), settings.kernel_read_ahead)
+                point = str(request.mountpoint)
+                tune_kernel_read_ahead(point, settings.kernel_read_ahead)
+                await trio.to_thread.run_sync(  # may run `mount`
+                    tune_kernel_background_requests, point, settings.kernel_max_background
+                )
 
-            # the kernel resets the read-ahead when it gets the INIT answer: tune just after it
+            # the kernel resets both when it gets the INIT answer: tune just after it
             ops.on_init = lambda: work.start_soon(tune)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
             record = MountRecord(

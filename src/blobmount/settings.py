@@ -509,6 +509,9 @@ class Settings(BaseSettings):
     kernel_read_ahead: Annotated[int, _Size(example="1MB", maximum=64 * MiB)] = _env(
         "DATASET_MOUNT_KERNEL_READ_AHEAD", 1 * MiB
     )
+    kernel_max_background: Annotated[int, _Int(0, 65535, what="a number of requests")] = _env(
+        "DATASET_MOUNT_KERNEL_MAX_BACKGROUND", 64
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import uuid
@@ -104,3 +105,52 @@ def test_kernel_read_ahead_sets_the_size_of_the_kernels_reads(
     assert stats["reads"] == len(expected) // (request_kib * 1024)
     if setting != "0":
         assert "kernel read-ahead of" in daemon.log()
+
+
+@pytest.fixture(scope="module")
+def small_files_container(azurite):
+    name = f"smallbg-{uuid.uuid4().hex[:8]}"
+    azurite.create_container(name)
+    azurite.upload_many(
+        name, [(f"s/{i:04d}.bin", pattern_bytes(f"s{i}", 0, 20_000 + 37 * i)) for i in range(240)]
+    )
+    return name
+
+
+def connection_dir(mountpoint) -> str:
+    return f"/sys/fs/fuse/connections/{os.minor(os.stat(mountpoint).st_dev)}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a FUSE connection's limits needs root")
+def test_many_readers_of_small_files_get_each_file_in_one_request(
+    small_files_container, mount_factory
+):
+    # With the kernel's limit of 12 background requests, a dozen readers congest the mount and
+    # the kernel then reads a page at a time (5-7 requests for a 25 KB file; measured 2.3 per
+    # file on average with 16 readers). The daemon raises the limit to 64.
+    daemon = mount_factory(small_files_container)
+    conn = connection_dir(daemon.mountpoint)
+    with open(f"{conn}/max_background") as f:
+        assert f.read().strip() == "64"
+    with open(f"{conn}/congestion_threshold") as f:
+        assert f.read().strip() == "48"
+    assert "FUSE background requests of" in daemon.log()
+
+    def read(i: int) -> bool:
+        with open(daemon.mountpoint / f"s/{i:04d}.bin", "rb", buffering=0) as f:
+            return f.read(1024 * 1024) == pattern_bytes(f"s{i}", 0, 20_000 + 37 * i)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(read, range(240)))
+    stats = fetch_stats(stats_socket(daemon.mountpoint))["blocks"]
+    assert stats["reads"] == 240
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a FUSE connection's limits needs root")
+def test_kernel_max_background_zero_leaves_the_kernel_default(small_files_container, mount_factory):
+    daemon = mount_factory(small_files_container, env={"DATASET_MOUNT_KERNEL_MAX_BACKGROUND": "0"})
+    conn = connection_dir(daemon.mountpoint)
+    if os.path.isdir(conn):  # fusectl is mounted (the default mounts it): the kernel's 12
+        with open(f"{conn}/max_background") as f:
+            assert f.read().strip() == "12"
+    assert "FUSE background requests" not in daemon.log()

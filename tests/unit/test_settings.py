@@ -76,6 +76,7 @@ CASES: list[tuple[str, str, Any, str, Any, str]] = [
     ("hint_window_files", "DATASET_MOUNT_HINT_WINDOW", 512, "64", 64, "0"),
     ("hint_threads", "DATASET_MOUNT_HINT_THREADS", 32, "8", 8, "1025"),
     ("kernel_read_ahead", "DATASET_MOUNT_KERNEL_READ_AHEAD", MiB, "4MB", 4 * MiB, "65MB"),
+    ("kernel_max_background", "DATASET_MOUNT_KERNEL_MAX_BACKGROUND", 64, "0", 0, "65536"),
     ("connect_timeout_s", "DATASET_MOUNT_CONNECT_TIMEOUT_SECONDS", 10.0, "2.5", 2.5, "0"),
     ("read_timeout_s", "DATASET_MOUNT_READ_TIMEOUT_SECONDS", 30.0, "60", 60.0, "inf"),
     ("allow_other", "DATASET_MOUNT_ALLOW_OTHER", False, "yes", True, "sure"),
