@@ -4,9 +4,9 @@ The kernel sends a FUSE filesystem its read-ahead as "background" requests and l
 `max_background` of them (12 by default) be outstanding per mount; past `congestion_threshold`
 (9 by default) it stops reading ahead and reads only the page asked for. With a dozen readers of
 small files the mount is congested all the time, so a third of 25 KB files were read a 4 KiB page
-at a time, in 5-7 FUSE requests each instead of one (measured: 4,000 files, 16 readers, 2.3
-reads per file; with the limit at 64, exactly one, and 5-10% less daemon CPU per file). Each
-request costs the daemon the same Python overhead, whatever its size.
+at a time, in 5-7 FUSE requests each instead of one (measured: 4,000 files, 16 readers, 2.3-2.7
+reads per file; with the limit at 64, exactly one, and about 15% less daemon CPU per file, medians
+of 7 runs each). Each request costs the daemon the same Python overhead, whatever its size.
 
 The limit is part of the answer to the kernel's INIT, which pyfuse3 does not let us set, so the
 daemon raises it just after INIT through fusectl (/sys/fs/fuse/connections/<id>/, root only),
@@ -19,7 +19,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from blobmount.mounttable import MOUNTINFO, mounts
+from blobmount.mounttable import MOUNTINFO, device_at
 
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 
@@ -27,10 +27,7 @@ FUSECTL_ROOT = "/sys/fs/fuse/connections"
 def connection_id(mountpoint: str, *, mountinfo: str = MOUNTINFO) -> str:
     """fusectl's name for the connection of the FUSE mount at `mountpoint`: its device's minor
     number. Raises LookupError if nothing is mounted there."""
-    found = [m for m in mounts(mountinfo) if m.mountpoint == mountpoint]
-    if not found:
-        raise LookupError(f"nothing is mounted at {mountpoint}")
-    return found[-1].device.split(":", 1)[1]
+    return device_at(mountpoint, mountinfo=mountinfo).split(":", 1)[1]
 
 
 def ensure_fusectl(root: str | None = None) -> bool:

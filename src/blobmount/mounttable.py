@@ -52,16 +52,22 @@ def blobmount_mounts(mountinfo: str = MOUNTINFO) -> list[str]:
     return sorted(points, key=len, reverse=True)
 
 
+def device_at(mountpoint: str, *, mountinfo: str = MOUNTINFO) -> str:
+    """The device ("major:minor") of the mount on top at `mountpoint`. Raises LookupError if
+    nothing is mounted there."""
+    found = [m for m in mounts(mountinfo) if m.mountpoint == mountpoint]
+    if not found:
+        raise LookupError(f"nothing is mounted at {mountpoint}")
+    return found[-1].device
+
+
 def set_read_ahead(
     mountpoint: str, size: int, *, mountinfo: str = MOUNTINFO, bdi_root: str = BDI_ROOT
 ) -> str:
     """Set the read-ahead of the device mounted (last) at `mountpoint` to `size` bytes (rounded
     down to KiB); returns the device. Raises LookupError if nothing is mounted there, OSError if
     the kernel refuses (not root, no sysfs)."""
-    found = [m for m in mounts(mountinfo) if m.mountpoint == mountpoint]
-    if not found:
-        raise LookupError(f"nothing is mounted at {mountpoint}")
-    device = found[-1].device
+    device = device_at(mountpoint, mountinfo=mountinfo)
     with open(f"{bdi_root}/{device}/read_ahead_kb", "w", encoding="ascii") as f:
         f.write(str(size // 1024))
     return device

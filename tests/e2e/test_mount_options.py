@@ -126,7 +126,7 @@ def test_many_readers_of_small_files_get_each_file_in_one_request(
     small_files_container, mount_factory
 ):
     # With the kernel's limit of 12 background requests, a dozen readers congest the mount and
-    # the kernel then reads a page at a time (5-7 requests for a 25 KB file; measured 2.3 per
+    # the kernel then reads a page at a time (5-7 requests for a 25 KB file; measured 2.3-2.7 per
     # file on average with 16 readers). The daemon raises the limit to 64.
     daemon = mount_factory(small_files_container)
     conn = connection_dir(daemon.mountpoint)
