@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 #: requests starts a task for each and ends it right after, a task spawn per request
 FUSE_IDLE_WORKERS = 16
 
+#: how long "mounted" waits for the kernel settings to be tuned (a `mount` of fusectl included)
+TUNE_WAIT_S = 15.0
+
 #: opens the storage client for a mount (tests and the memory:// benchmark pass their own)
 StorageFactory = Callable[[], AbstractAsyncContextManager[StorageClient]]
 
@@ -243,12 +246,17 @@ async def serve(
             fs.open_listener = hints
             ops = FuseOperations(fs)
 
+            tuned = trio.Event()  # the mount is reported ready only once it is tuned
+
             async def tune() -> None:
                 point = str(request.mountpoint)
-                tune_kernel_read_ahead(point, settings.kernel_read_ahead)
-                await trio.to_thread.run_sync(  # may run `mount`
-                    tune_kernel_background_requests, point, settings.kernel_max_background
-                )
+                try:
+                    tune_kernel_read_ahead(point, settings.kernel_read_ahead)
+                    await trio.to_thread.run_sync(  # may run `mount`
+                        tune_kernel_background_requests, point, settings.kernel_max_background
+                    )
+                finally:
+                    tuned.set()
 
             # the kernel resets both when it gets the INIT answer: tune just after it
             ops.on_init = lambda: work.start_soon(tune)
@@ -297,7 +305,7 @@ async def serve(
                     )
                     control.start_soon(_sample_every_second, meter)
                     control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
-                    control.start_soon(_report_ready, request, notifier, record)
+                    control.start_soon(_report_ready, request, notifier, record, tuned)
                     with fuse_scope:
                         await pyfuse3.main(min_tasks=FUSE_IDLE_WORKERS)
                     control.cancel_scope.cancel()
@@ -318,10 +326,14 @@ async def _sample_every_second(meter: ThroughputMeter) -> None:
 
 
 async def _report_ready(
-    request: MountRequest, notifier: ReadyNotifier, record: MountRecord
+    request: MountRequest, notifier: ReadyNotifier, record: MountRecord, tuned: trio.Event
 ) -> None:
     try:
         await trio.to_thread.run_sync(_probe_mount, request.mountpoint)
+        # the probe got an answer, so INIT is done and the kernel settings are being tuned;
+        # readers that start at "mounted" should find them set (bounded: tuning only logs)
+        with trio.move_on_after(TUNE_WAIT_S):
+            await tuned.wait()
     except OSError as exc:
         log.error("the mount does not answer: %s", exc)
         notifier.error(f"the mount at {request.mountpoint} does not answer: {exc}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from blobmount.mounttable import MOUNTINFO, device_at
+from blobmount.mounttable import MOUNTINFO, device_at, mounts
 
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 
@@ -30,12 +30,12 @@ def connection_id(mountpoint: str, *, mountinfo: str = MOUNTINFO) -> str:
     return device_at(mountpoint, mountinfo=mountinfo).split(":", 1)[1]
 
 
-def ensure_fusectl(root: str | None = None) -> bool:
-    """Mount fusectl at `root` (FUSECTL_ROOT) unless something is there already. True if this
-    call mounted it. Raises OSError if it cannot (not root, no such directory, no `mount`)."""
+def ensure_fusectl(root: str | None = None, *, mountinfo: str = MOUNTINFO) -> bool:
+    """Mount fusectl at `root` (FUSECTL_ROOT) unless the mount table has it there already. True
+    if this call mounted it. Raises OSError if it cannot (not root, no such directory, no
+    `mount`)."""
     root = root or FUSECTL_ROOT
-    folder = Path(root)
-    if any(folder.iterdir()):
+    if any(m.mountpoint == root and m.fstype == "fusectl" for m in mounts(mountinfo)):
         return False
     try:
         done = subprocess.run(

@@ -46,27 +46,38 @@ def test_nothing_mounted_or_no_fusectl_is_an_error(fake, tmp_path):
         fusectl.set_max_background("/mnt/data", 64, mountinfo=info, root=str(tmp_path / "no"))
 
 
-def test_fusectl_already_there_is_not_mounted_again(fake, monkeypatch):
-    _, root = fake
+def test_fusectl_in_the_mount_table_is_not_mounted_again(tmp_path, monkeypatch):
+    info = tmp_path / "mountinfo"
+    info.write_text("21 20 0:40 / /sys/fs/fuse/connections rw - fusectl fusectl rw\n")
     monkeypatch.setattr(fusectl.subprocess, "run", lambda *a, **k: pytest.fail("ran mount"))
-    assert fusectl.ensure_fusectl(str(root)) is False
+    assert fusectl.ensure_fusectl("/sys/fs/fuse/connections", mountinfo=str(info)) is False
 
 
-def test_a_failed_fusectl_mount_is_an_os_error(tmp_path, monkeypatch):
-    empty = tmp_path / "connections"
-    empty.mkdir()
+def test_missing_fusectl_is_mounted_and_a_failure_is_an_os_error(tmp_path, monkeypatch):
+    info = tmp_path / "mountinfo"
+    info.write_text(MOUNTINFO)  # FUSE mounts, no fusectl
+    ran: list[list[str]] = []
 
     class Done:
-        returncode = 32
-        stderr = "mount: only root can do that\n"
+        returncode = 0
+        stderr = ""
 
-    monkeypatch.setattr(fusectl.subprocess, "run", lambda *a, **k: Done())
+    def run(cmd, **kwargs):
+        ran.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(fusectl.subprocess, "run", run)
+    assert fusectl.ensure_fusectl("/c", mountinfo=str(info)) is True
+    assert ran == [["mount", "-t", "fusectl", "fusectl", "/c"]]
+    Done.returncode, Done.stderr = 32, "mount: only root can do that\n"
     with pytest.raises(OSError, match="only root can do that"):
-        fusectl.ensure_fusectl(str(empty))
+        fusectl.ensure_fusectl("/c", mountinfo=str(info))
 
 
 def test_a_refused_limit_is_logged_not_fatal(caplog, monkeypatch, tmp_path):
     monkeypatch.setattr(fusectl, "FUSECTL_ROOT", str(tmp_path / "missing"))
+    monkeypatch.setattr(fusectl.subprocess, "run", lambda *a, **k: pytest.fail("ran mount"))
+    monkeypatch.setattr(fusectl, "ensure_fusectl", lambda: False)
     with caplog.at_level(logging.INFO, logger="blobmount.daemon"):
         tune_kernel_background_requests("/no/such/mount/point", 64)
     assert "FUSE background requests not raised to 64" in caplog.text
