@@ -7,12 +7,15 @@ failing test never leaves a mount or a daemon behind. The daemon's log is attach
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from blobmount.readiness import READY_FD_ENV
 
 
 def fuse_unavailable_reason() -> str | None:
@@ -50,6 +53,9 @@ class MountedDaemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60) -> MountedDaemon:
+        """Start the daemon and return once it says it is ready on the pipe `blobmount mount`
+        itself waits on: after the mount answers and its kernel settings are tuned, which the
+        mount table alone does not show."""
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
@@ -63,27 +69,44 @@ class MountedDaemon:
             self.uri,
             str(self.mountpoint),
         ]
-        self.proc = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if is_mounted(self.mountpoint):
-                try:
-                    # stat, not listdir: a test may want to see the root's listing start lazily
-                    os.stat(self.mountpoint)
-                    return self
-                except OSError:
-                    pass
-            time.sleep(0.05)
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                env={**self.env, READY_FD_ENV: str(write_fd)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+            )
+            os.close(write_fd)
+            write_fd = -1
+            message = self._ready_message(read_fd, timeout_s)
+        finally:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+        if message.startswith("ready "):
+            return self
         self.stop()
-        raise RuntimeError(f"mount not ready after {timeout_s}s:\n{self.log()}")
+        raise RuntimeError(f"{message}:\n{self.log()}")
+
+    def _ready_message(self, read_fd: int, timeout_s: float) -> str:
+        """The daemon's one line ("ready ..." or "error ..."), or why there is none."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        data = b""
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"mount not ready after {timeout_s}s"
+            if select.select([read_fd], [], [], min(left, 0.5))[0]:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:  # the daemon closed the pipe without a word: it exited
+                    self.proc.wait(timeout=10)
+                    return f"daemon exited with {self.proc.returncode}"
+                data += chunk
+        return data.decode(errors="replace").strip()
 
     @property
     def pid(self) -> int:
