@@ -106,16 +106,35 @@ class Destination:
 
 _libc: ctypes.CDLL | None = None
 
+#: sync_file_range(2)'s flag to start writeback of dirty pages without waiting for it
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Ask the kernel to start writing `length` bytes at `offset` of `fd` to disk, without
+    waiting; True if it took the request. The final syncfs then finds most pages written, so
+    the disk works while the network does, not after it (measured: syncfs took a third of a
+    512 MiB download's time). Best effort: where refused, syncfs does all the work."""
+    call = getattr(libc(), "sync_file_range", None)
+    if call is None:
+        return False
+    status: int = call(fd, ctypes.c_int64(offset), ctypes.c_int64(length), SYNC_FILE_RANGE_WRITE)
+    return status == 0
+
 
 def sync_filesystem(fd: int) -> None:
     """syncfs(2) on the file system holding `fd` (os.sync() where syncfs is missing).
 
     One syncfs per checkpoint costs far less than an fsync per file when there are many files.
     """
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    syncfs = getattr(_libc, "syncfs", None)
+    syncfs = getattr(libc(), "syncfs", None)
     if syncfs is None:
         os.sync()
         return
@@ -161,11 +180,13 @@ class PartFile:
 
     def write_at(self, offset: int, data: bytes) -> None:
         fd = self._require_fd()
+        start = offset
         view = memoryview(data)
         while view:
             written = os.pwrite(fd, view, offset)
             view = view[written:]
             offset += written
+        start_writeback(fd, start, len(data))
 
     def commit(self, final: Path, mtime_s: float) -> int:
         """Set the mtime to `mtime_s`, close, and rename onto `final` (creating its folder).
