@@ -165,6 +165,7 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
     }
     report.systems = list(results.values())
     report.phases = workload.mount.phases
+    bench.datasets.run_only(workload.store.az)
     try:
         _warm_up(bench, workload)
     except Exception as exc:
