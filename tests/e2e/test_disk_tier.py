@@ -204,7 +204,10 @@ def test_damaged_cache_files_are_detected_and_refetched(dataset, mount_factory, 
     assert read_file(path)[0] == digests["medium.bin"]
     s2 = wait_written(daemon)
     assert s2["disk"]["corrupt"] == 2
-    assert s2["storage"]["range_requests"] - s1["storage"]["range_requests"] == 2
+    # exactly the two damaged blocks are fetched again: in one request when they happen to be
+    # neighbours (the fetcher joins adjacent missing blocks), else in two
+    assert s2["storage"]["range_bytes"] - s1["storage"]["range_bytes"] == 2 * BLOCK
+    assert s2["storage"]["range_requests"] - s1["storage"]["range_requests"] in (1, 2)
     assert s2["disk"]["writer"]["written"] - s1["disk"]["writer"]["written"] == 2
 
     # refilled: a third read is all from disk again
