@@ -35,7 +35,13 @@ if str(BENCH_DIR) not in sys.path:
 from scenarios import discover  # noqa: E402
 from scenarios.base import FULL, QUICK, CeilingPlan, MiB, Workload  # noqa: E402
 from scenarios.datasets import Datasets  # noqa: E402
-from scenarios.report import BUSY_OTHERS_CORES, RunReport, ScenarioReport, describe_machine  # noqa: E402
+from scenarios.report import (  # noqa: E402
+    BUSY_OTHERS_CORES,
+    RunReport,
+    ScenarioReport,
+    describe_machine,
+    reported_free_memory_kib,
+)
 from scenarios.systems import (  # noqa: E402
     Bench,
     ResourceMeter,
@@ -265,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
     finally:
         datasets.close()
+    report.machine["reported_free_kib_at_end"] = reported_free_memory_kib()
     report.datasets = list(datasets.built)
     drops = {r.cache_drop for sr in report.scenarios for r in sr.systems if r.cache_drop}
     if drops - {"dropped"}:

@@ -169,6 +169,20 @@ def _package(name: str) -> str | None:
         return None
 
 
+#: the kernel's free page reporting (virtio-balloon): free memory handed back to the hypervisor
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters")
+
+
+def reported_free_memory_kib() -> int | None:
+    """KiB of free memory this VM has handed back to its hypervisor so far, where the kernel
+    says (a patched page_reporting module does); None elsewhere. Memory handed back is faulted
+    in again, on the host, when it is next used: see docs/BENCHMARKING.md, Known limits."""
+    try:
+        return int((PAGE_REPORTING / "reported_kib").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def describe_machine(repo: Path) -> dict[str, Any]:
     """CPU, cores, RAM, kernel, OS, Python, Azurite, Node, package versions, git commit."""
     from blobmount import __version__
@@ -214,6 +228,7 @@ def describe_machine(repo: Path) -> dict[str, Any]:
             for name in ("azure-storage-blob", "azure-core", "aiohttp", "pyfuse3", "trio")
         },
         "load_average_at_start": os.getloadavg(),
+        "reported_free_kib_at_start": reported_free_memory_kib(),
     }
 
 
@@ -230,6 +245,18 @@ def machine_line(m: dict[str, Any]) -> list[str]:
         f"- blobmount {m['blobmount']} at {git}; "
         + ", ".join(f"{k} {v}" for k, v in m["packages"].items()),
         f"- load average when the run started: {load}",
+        *_reported_line(m),
+    ]
+
+
+def _reported_line(m: dict[str, Any]) -> list[str]:
+    start, end = m.get("reported_free_kib_at_start"), m.get("reported_free_kib_at_end")
+    if start is None or end is None:
+        return []
+    return [
+        f"- free memory handed back to the hypervisor during the run (free page reporting): "
+        f"{(end - start) / 2**20:,.1f} GiB; each page of it costs a host fault when next used "
+        "(docs/BENCHMARKING.md, Known limits)"
     ]
 
 
