@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -215,7 +214,7 @@ def start_mount(
             credentials, bad mount point...); nothing is left mounted or running.
     """
     from blobmount.datastores import DATASTORES_FILE_VAR, datastores_file_path, resolve_source
-    from blobmount.readiness import READY_FD_ENV
+    from blobmount.readiness import READY_FD_ENV, wait_for_ready_line
     from blobmount.runstate import default_log_file
     from blobmount.settings import load_settings
 
@@ -258,7 +257,7 @@ def start_mount(
             )
         os.close(write_fd)
         write_fd = -1
-        message = _wait_for_daemon(read_fd, child)
+        message = wait_for_ready_line(read_fd, child, READY_TIMEOUT_S)
     finally:
         os.close(read_fd)
         if write_fd >= 0:
@@ -273,26 +272,6 @@ def start_mount(
     if message.startswith("error "):
         raise MountFailed(message[6:], log_file)
     raise MountFailed(f"{message}; see the log {log_file}", log_file)
-
-
-def _wait_for_daemon(read_fd: int, child: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([read_fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(read_fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-            if data.endswith(b"\n"):
-                return data.decode(errors="replace").strip()
-    if data:
-        return data.decode(errors="replace").strip()
-    status = child.poll()
-    if status is not None:
-        return f"the daemon exited (status {status}) before the mount was ready"
-    return f"the mount was not ready after {READY_TIMEOUT_S:.0f}s"
 
 
 def unmount(mountpoint: PathArg, *, timeout_s: float | None = None) -> None:

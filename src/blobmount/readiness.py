@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
+import subprocess
+import time
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +61,30 @@ class ReadyNotifier:
     def stopping(self) -> None:
         self.state = "stopping"
         self._systemd("STOPPING=1\nSTATUS=unmounting")
+
+
+def wait_for_ready_line(read_fd: int, child: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The line a daemon started with READY_FD_ENV=<write end> sends ("ready ..." or
+    "error ..."), or why none came: it exited first, or `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if select.select([read_fd], [], [], min(left, 0.5))[0]:
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break  # the daemon closed the pipe: it is exiting
+            data += chunk
+    if data:
+        return data.decode(errors="replace").strip()
+    # after the pipe closed, give the exit a moment to show (bounded by the deadline)
+    grace = min(5.0, deadline - time.monotonic())
+    try:
+        status = child.wait(timeout=grace) if grace > 0 else child.poll()
+    except subprocess.TimeoutExpired:
+        status = None
+    if status is None:
+        return f"the mount was not ready after {timeout_s:g}s"
+    return f"the daemon exited (status {status}) before the mount was ready"

@@ -7,7 +7,6 @@ failing test never leaves a mount or a daemon behind. The daemon's log is attach
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from blobmount.readiness import READY_FD_ENV
+from blobmount.readiness import READY_FD_ENV, wait_for_ready_line
 
 
 def fuse_unavailable_reason() -> str | None:
@@ -81,7 +80,7 @@ class MountedDaemon:
             )
             os.close(write_fd)
             write_fd = -1
-            message = self._ready_message(read_fd, timeout_s)
+            message = wait_for_ready_line(read_fd, self.proc, timeout_s)
         finally:
             os.close(read_fd)
             if write_fd >= 0:
@@ -90,23 +89,6 @@ class MountedDaemon:
             return self
         self.stop()
         raise RuntimeError(f"{message}:\n{self.log()}")
-
-    def _ready_message(self, read_fd: int, timeout_s: float) -> str:
-        """The daemon's one line ("ready ..." or "error ..."), or why there is none."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        data = b""
-        while not data.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return f"mount not ready after {timeout_s}s"
-            if select.select([read_fd], [], [], min(left, 0.5))[0]:
-                chunk = os.read(read_fd, 4096)
-                if not chunk:  # the daemon closed the pipe without a word: it exited
-                    self.proc.wait(timeout=10)
-                    return f"daemon exited with {self.proc.returncode}"
-                data += chunk
-        return data.decode(errors="replace").strip()
 
     @property
     def pid(self) -> int:
