@@ -121,7 +121,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     """Ask the kernel to start writing `length` bytes at `offset` of `fd` to disk, without
     waiting; True if it took the request. The final syncfs then finds most pages written, so
     the disk works while the network does, not after it (measured: syncfs took a third of a
-    512 MiB download's time). Best effort: where refused, syncfs does all the work."""
+    512 MiB download's time). The whole-file cache writes through here too: it never syncs, but
+    its pages become clean, so reclaimable, sooner (a container's memory limit counts dirty page
+    cache). Best effort: where refused, syncfs does all the work."""
     call = getattr(libc(), "sync_file_range", None)
     if call is None:
         return False
