@@ -35,6 +35,10 @@ def test_writeback_is_started_for_each_part_written(tmp_path, monkeypatch):
     part.write_at(0, b"11112222")
     part.discard()
     assert started == [(8, 4), (0, 8)]
+    quiet = PartFile(tmp_path / "1.part", 4, preallocate=False, writeback=False)
+    quiet.write_at(0, b"abcd")
+    quiet.discard()
+    assert started == [(8, 4), (0, 8)]  # the whole-file cache's files: none started
 
 
 def test_the_kernel_takes_a_writeback_request_for_a_regular_file(tmp_path):

@@ -313,3 +313,26 @@ async def test_filesystem_reads_whole_files_and_streams_what_does_not_fit(nurser
         assert cache is not None
         assert cache.statistics().open_copies == 0
         assert cache.statistics().fallbacks == 1
+
+
+async def test_the_cache_does_not_start_writeback_as_downloads_do(tmp_path, monkeypatch):
+    # measured: early writeback made whole-file opens about 20% slower, and the cache never
+    # syncs, so it gains nothing from it (the download command does: its final syncfs)
+    from blobmount.download import staging
+
+    started: list[int] = []
+
+    def record(fd: int, offset: int, length: int) -> bool:
+        started.append(length)
+        return True
+
+    monkeypatch.setattr(staging, "start_writeback", record)
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("big.bin", 0, 3 * MiB)
+    mem.put("big.bin", data)
+    async with open_whole_file_cache(mem, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        copy = await cache.open(version(mem, "big.bin"))
+        assert copy is not None
+        assert await read_all(cache, copy) == data
+    assert started == []

@@ -121,9 +121,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     """Ask the kernel to start writing `length` bytes at `offset` of `fd` to disk, without
     waiting; True if it took the request. The final syncfs then finds most pages written, so
     the disk works while the network does, not after it (measured: syncfs took a third of a
-    512 MiB download's time). The whole-file cache writes through here too: it never syncs, but
-    its pages become clean, so reclaimable, sooner (a container's memory limit counts dirty page
-    cache). Best effort: where refused, syncfs does all the work."""
+    512 MiB download's time). Not for the whole-file cache, which never syncs: there it made
+    opens slower (the writes that start it hold the download's worker threads longer). Best
+    effort: where refused, syncfs does all the work."""
     call = getattr(libc(), "sync_file_range", None)
     if call is None:
         return False
@@ -157,11 +157,13 @@ def file_md5(path: Path) -> bytes:
 class PartFile:
     """One temp file being filled, then moved to its final name by `commit`."""
 
-    def __init__(self, path: Path, size: int, *, preallocate: bool) -> None:
+    def __init__(self, path: Path, size: int, *, preallocate: bool, writeback: bool = True) -> None:
         """Create the temp file (O_EXCL). With `preallocate`, reserve `size` bytes now: parts
-        then land in place with pwrite, and a full disk fails here, before any download."""
+        then land in place with pwrite, and a full disk fails here, before any download. With
+        `writeback`, each write starts its writeback at once (`start_writeback`)."""
         self.path: Path | None = path
         self.size = size
+        self._writeback = writeback
         # 0o666 and the umask, like any file a program creates (mkstemp would force 0600)
         self._fd: int | None = os.open(
             path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666
@@ -188,7 +190,8 @@ class PartFile:
             written = os.pwrite(fd, view, offset)
             view = view[written:]
             offset += written
-        start_writeback(fd, start, len(data))
+        if self._writeback:
+            start_writeback(fd, start, len(data))
 
     def commit(self, final: Path, mtime_s: float) -> int:
         """Set the mtime to `mtime_s`, close, and rename onto `final` (creating its folder).

@@ -51,6 +51,8 @@ class TransferConfig:
     verify: bool = False
     #: False runs file writes on the trio thread (only for the benchmark's comparison)
     write_in_thread: bool = True
+    #: start each write's writeback at once, for a final syncfs that finds little left to do
+    start_writeback: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +172,7 @@ class Transfers:
         if self._wants_md5(blob):
             self._check_md5(blob, hashlib.md5(data).digest())
             verified = True
-        part = PartFile(tmp, len(data), preallocate=False)
+        part = PartFile(tmp, len(data), preallocate=False, writeback=self._config.start_writeback)
         try:
             part.write_at(0, data)
             return Fetched(part.commit(final, blob.last_modified), verified)
@@ -220,9 +222,8 @@ class Transfers:
             part_file.discard()
             raise
 
-    @staticmethod
-    def _create(tmp: Path, size: int) -> PartFile:
-        return PartFile(tmp, size, preallocate=True)
+    def _create(self, tmp: Path, size: int) -> PartFile:
+        return PartFile(tmp, size, preallocate=True, writeback=self._config.start_writeback)
 
     async def _part(
         self,

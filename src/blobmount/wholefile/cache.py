@@ -166,7 +166,8 @@ class WholeFileCache:
         self._transfers = Transfers(
             storage,
             None,
-            TransferConfig(part_size=config.part_size, verify=True),
+            # no early writeback: nothing here waits for the disk (see start_writeback)
+            TransferConfig(part_size=config.part_size, verify=True, start_writeback=False),
             slots=trio.CapacityLimiter(slots),
             threads=trio.CapacityLimiter(slots),
         )
