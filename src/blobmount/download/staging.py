@@ -122,8 +122,8 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     waiting; True if it took the request. The final syncfs then finds most pages written, so
     the disk works while the network does, not after it (measured: syncfs took a third of a
     512 MiB download's time). Not for the whole-file cache, which never syncs: there it made
-    opens slower (the writes that start it hold the download's worker threads longer). Best
-    effort: where refused, syncfs does all the work."""
+    opens about 20% slower (measured; the cause not found). Best effort: where refused, syncfs
+    does all the work."""
     call = getattr(libc(), "sync_file_range", None)
     if call is None:
         return False
