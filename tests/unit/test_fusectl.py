@@ -9,6 +9,7 @@ import pytest
 
 from blobmount import fusectl
 from blobmount.daemon import tune_kernel_background_requests
+from tests.helpers.fake_sysfs import fake_kernel_files
 
 MOUNTINFO = (
     "37 25 0:33 / /mnt/data rw - fuse.blobmount az ro\n"
@@ -18,14 +19,8 @@ MOUNTINFO = (
 
 @pytest.fixture
 def fake(tmp_path):
-    info = tmp_path / "mountinfo"
-    info.write_text(MOUNTINFO)
-    root = tmp_path / "connections"
-    for conn in ("33", "41"):
-        (root / conn).mkdir(parents=True)
-        (root / conn / "max_background").write_text("12\n")
-        (root / conn / "congestion_threshold").write_text("9\n")
-    return str(info), root
+    limits = {"max_background": "12\n", "congestion_threshold": "9\n"}
+    return fake_kernel_files(tmp_path, MOUNTINFO, "connections", {"33": limits, "41": limits})
 
 
 def test_the_top_mounts_connection_gets_the_limit_and_three_quarters_as_threshold(fake):

@@ -9,6 +9,7 @@ import pytest
 
 from blobmount.daemon import tune_kernel_read_ahead
 from blobmount.mounttable import blobmount_mounts, mounts, set_read_ahead
+from tests.helpers.fake_sysfs import fake_kernel_files
 
 MOUNTINFO = (
     "36 25 0:32 / /mnt/with\\040space rw,nosuid - fuse.blobmount az ro\n"
@@ -21,13 +22,8 @@ MOUNTINFO = (
 
 @pytest.fixture
 def fake(tmp_path):
-    info = tmp_path / "mountinfo"
-    info.write_text(MOUNTINFO)
-    bdi = tmp_path / "bdi"
-    for device in ("0:33", "0:35"):
-        (bdi / device).mkdir(parents=True)
-        (bdi / device / "read_ahead_kb").write_text("128\n")
-    return str(info), bdi
+    read_ahead = {"read_ahead_kb": "128\n"}
+    return fake_kernel_files(tmp_path, MOUNTINFO, "bdi", {"0:33": read_ahead, "0:35": read_ahead})
 
 
 def test_mounts_in_order_with_escapes(fake):
