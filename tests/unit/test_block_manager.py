@@ -5,7 +5,7 @@ import trio
 import trio.testing
 
 from blobmount.blocks.keys import BlobVersion
-from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.blocks.manager import MAX_CLOSED_STARTS, BlockManager, BlockManagerConfig
 from blobmount.errors import BlobChanged, StorageUnavailable
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
@@ -348,6 +348,68 @@ async def test_readers_of_parts_do_not_read_ahead_into_each_others_parts(nursery
     await trio.testing.wait_all_tasks_blocked()
     # each block fetched once: nobody's read-ahead ran into the next reader's part
     assert storage.range_bytes == len(data)
+
+
+async def test_a_tight_read_ahead_budget_still_fetches_whole_requests(nursery):
+    # room for six blocks, requests of four: read-ahead waits for room for a whole request
+    # rather than sending each block freed as a request of its own
+    storage, mgr, version, data = make_coalescing(nursery, blocks=40, ahead=8, coalesce=4)
+    mgr.budget.limit = 6 * B
+    assert await read_all(mgr, version) == data
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.range_bytes == len(data)
+    steady = [n for first, n in storage.gets if 6 <= first < 36]  # after the window grew
+    assert steady
+    assert all(n == 4 for n in steady), storage.gets
+    assert len(storage.gets) <= 40 // 4 + 3
+
+
+async def test_read_ahead_stops_where_a_finished_reader_began(nursery):
+    # eight readers of a file's eighths do not finish together: the reader of the next part may
+    # be done and gone while this one still reads towards it
+    storage, mgr, version, data = make_coalescing(nursery, blocks=20, ahead=8)
+    first = mgr.open(version)
+    got = bytes(await mgr.read(first, 0, B // 2))
+    second = mgr.open(version)
+    assert await read_part(mgr, second, 10, 20) == data[10 * B :]
+    mgr.close(second)
+    got += await read_part(mgr, first, 0, 10)
+    assert got[: B // 2] == data[: B // 2]
+    await trio.testing.wait_all_tasks_blocked()
+    mgr.close(first)
+    assert storage.range_bytes == len(data)  # nobody read ahead into the finished part
+
+
+async def test_read_ahead_stops_where_a_reader_has_only_just_begun(nursery):
+    # a neighbour's first read, before it has moved on: its part is not read ahead into either
+    storage, mgr, version, data = make_coalescing(nursery, blocks=20, ahead=8)
+    second = mgr.open(version)
+    assert await mgr.read(second, 10 * B, B // 2) == data[10 * B : 10 * B + B // 2]
+    first = mgr.open(version)
+    assert await read_part(mgr, first, 0, 10) == data[: 10 * B]
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.range_bytes == 11 * B  # blocks 0-9 for the first, block 10 for the second
+    for handle in (first, second):
+        mgr.close(handle)
+
+
+async def test_starts_of_closed_readers_are_bounded_and_forgotten(nursery):
+    _, mgr, version, _ = make_coalescing(nursery, blocks=400, ahead=8)
+    keep = mgr.open(version)
+    for block in range(1, 300, 3):  # many short-lived handles, each a short stream
+        handle = mgr.open(version)
+        await mgr.read(handle, block * B, 10)
+        await mgr.read(handle, (block + 1) * B, 10)
+        mgr.close(handle)
+    readers = mgr._readers[(version.name, version.etag)]
+    assert len(readers.closed_starts) == MAX_CLOSED_STARTS
+    for block in range(300, 400, 2):  # a random read's handle is not remembered once closed
+        handle = mgr.open(version)
+        await mgr.read(handle, block * B, 10)
+        mgr.close(handle)
+    assert max(readers.closed_starts) < 300
+    mgr.close(keep)
+    assert not mgr._readers  # the file is closed: nothing about it is kept
 
 
 async def test_a_reader_carrying_on_into_another_part_gets_read_ahead_back(nursery):

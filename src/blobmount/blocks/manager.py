@@ -55,6 +55,46 @@ class BlockManagerConfig:
             raise ValueError("block_size must be positive")
 
 
+#: starts of closed handles remembered per open file (many short-lived handles of random reads
+#: must not make it grow without bound)
+MAX_CLOSED_STARTS = 64
+
+
+@dataclass(slots=True)
+class _FileReaders:
+    """The open handles of one blob version, and where the streams of its closed handles began
+    (kept while any handle of the version is open; see BlockManager._others_start_in)."""
+
+    handles: list[BlockHandle] = field(default_factory=list)
+    closed_starts: dict[int, None] = field(default_factory=dict)  # an ordered set
+
+    def remember_starts(self, handle: BlockHandle) -> None:
+        for start in handle.policy.stream_starts():
+            self.closed_starts.pop(start, None)
+            self.closed_starts[start] = None
+        while len(self.closed_starts) > MAX_CLOSED_STARTS:
+            del self.closed_starts[next(iter(self.closed_starts))]
+
+    def starts(self) -> list[int]:
+        out = list(self.closed_starts)
+        for handle in self.handles:
+            out.extend(handle.policy.starts())
+        return out
+
+
+def _requests(indices: list[int], most: int) -> list[list[int]]:
+    """Ascending block indices cut into runs of adjacent ones, each at most `most` long (the
+    blocks of one coalesced request each)."""
+    runs: list[list[int]] = []
+    for index in indices:
+        run = runs[-1] if runs else None
+        if run is not None and index == run[-1] + 1 and len(run) < most:
+            run.append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
 @dataclass(frozen=True, slots=True)
 class BlockManagerStats:
     reads: int
@@ -134,8 +174,8 @@ class BlockManager:
             coalesce_bytes=config.coalesce_bytes,
         )
         self._handles = 0
-        #: open handles per version, to see where other readers of a file are
-        self._readers: dict[tuple[str, str], list[BlockHandle]] = {}
+        #: readers per open version, to see where other readers of a file are
+        self._readers: dict[tuple[str, str], _FileReaders] = {}
         self._reads = 0
         self._bytes_served = 0
         self._buffer_hits = 0
@@ -154,7 +194,8 @@ class BlockManager:
         self._handles += 1
         blocks = block_count(version.size, self.config.block_size)
         handle = BlockHandle(version, ReadAheadPolicy(self.config.read_ahead_blocks, blocks))
-        self._readers.setdefault((version.name, version.etag), []).append(handle)
+        key = (version.name, version.etag)
+        self._readers.setdefault(key, _FileReaders()).handles.append(handle)
         return handle
 
     def close(self, handle: BlockHandle) -> None:
@@ -164,8 +205,10 @@ class BlockManager:
         self._handles -= 1
         key = (handle.version.name, handle.version.etag)
         readers = self._readers[key]
-        readers.remove(handle)
-        if not readers:
+        readers.handles.remove(handle)
+        if readers.handles:
+            readers.remember_starts(handle)
+        else:
             del self._readers[key]
         for index in list(handle.buffer):
             self._drop(handle, index)
@@ -241,19 +284,18 @@ class BlockManager:
     # -- read-ahead ------------------------------------------------------------------------
 
     def _others_start_in(self, handle: BlockHandle, ahead: range) -> int | None:
-        """The first block in `ahead` where another reader of the same file started and has
-        read on from. Several readers each reading their own part of one file (8 DataLoader
-        workers, each a slice, each with its own handle) would otherwise each read a whole
-        window into the next part, which that part's reader has fetched already. A reader that
-        does carry on past that point gets its read-ahead back one block later. (The stream
-        `ahead` belongs to started before `ahead`, so it never cuts itself short.)"""
-        starts = [
-            start
-            for reader in self._readers.get((handle.version.name, handle.version.etag), ())
-            for start in reader.policy.starts()
-            if ahead.start <= start < ahead.stop
-        ]
-        return min(starts, default=None)
+        """The first block in `ahead` where another reader of the same file started (see
+        ReadAheadPolicy.starts), including readers that have closed their handles while the
+        file is still open. Several readers each reading their own part of one file (8
+        DataLoader workers, each a slice, each with its own handle) would otherwise each read a
+        whole window into the next part, which that part's reader has fetched already, or has
+        even finished. A reader that does carry on past that point gets its read-ahead back one
+        block later. (The stream `ahead` belongs to started before `ahead`, so it never cuts
+        itself short.)"""
+        readers = self._readers.get((handle.version.name, handle.version.etag))
+        if readers is None:
+            return None
+        return min((s for s in readers.starts() if ahead.start <= s < ahead.stop), default=None)
 
     def _schedule(self, handle: BlockHandle, ahead: range) -> None:
         if not ahead:  # most reads of small files and random reads
@@ -276,25 +318,36 @@ class BlockManager:
             # every request one block. Wait until a whole request's worth is missing (the
             # window is at least twice that, so the reader is still well covered).
             return
-        first, listeners = 0, list[Listener]()  # the run of adjacent blocks being gathered
-        for index in todo:
-            if listeners and index != first + len(listeners):
-                self._prefetch_run(version, first, listeners)
-                listeners = []
-            if not listeners:
-                first = index
-            length = block_span(index, self.config.block_size, version.size)[1]
-            if not self.budget.try_reserve(length):
+        for run in _requests(todo, group):
+            lengths = [block_span(i, self.config.block_size, version.size)[1] for i in run]
+            if not self.budget.try_reserve(sum(lengths)):
                 self._prefetch_skipped += 1
+                if run[0] != ahead.start:
+                    # Wait for room for a whole request: a part of one would go out as a small
+                    # request of its own, and the rest later as more (with eight readers at the
+                    # budget's limit, half the GETs were of one block).
+                    break
+                # the reader's next block: what fits now, however small
+                run = run[: self._fitting(lengths)]
+                if not run:
+                    break
+            listeners = []
+            for index, length in zip(run, lengths, strict=False):
+                handle.pending.add(index)
+                self._prefetch_started += 1
+                listeners.append(self._prefetch_listener(handle, index, length))
+            self.fetcher.prefetch_adjacent(version, run[0], listeners)
+            if len(run) < len(lengths):
                 break
-            handle.pending.add(index)
-            self._prefetch_started += 1
-            listeners.append(self._prefetch_listener(handle, index, length))
-        self._prefetch_run(version, first, listeners)
 
-    def _prefetch_run(self, version: BlobVersion, first: int, listeners: list[Listener]) -> None:
-        if listeners:
-            self.fetcher.prefetch_adjacent(version, first, listeners)
+    def _fitting(self, lengths: list[int]) -> int:
+        """How many of the first `lengths` the budget takes now (reserving them)."""
+        taken = 0
+        for length in lengths:
+            if not self.budget.try_reserve(length):
+                break
+            taken += 1
+        return taken
 
     def _prefetch_listener(self, handle: BlockHandle, index: int, reserved: int) -> Listener:
         def landed(data: bytes | None, error: Exception | None) -> None:

@@ -6,8 +6,8 @@ A stream earns read-ahead by reading forward: a read that starts a new stream aw
 of the file prefetches nothing (random reads waste nothing); each step forward into a new block
 doubles the window, up to DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT blocks.
 
-`starts()` tells where streams began that have moved on since: the block manager stops other
-handles' read-ahead of the same file there (see BlockManager._schedule).
+`starts()` tells where this handle's readers began: the block manager stops other handles'
+read-ahead of the same file there (see BlockManager._schedule).
 """
 
 from __future__ import annotations
@@ -32,10 +32,14 @@ class ReadAheadPolicy:
         self.block_total = block_total
         self._streams: list[_Stream] = []
         self._tick = 0
+        #: the block of the handle's first read
+        self._opened_at: int | None = None
 
     def on_read(self, first: int, last: int) -> range:
         """Record a read of blocks [first, last]; return the blocks worth prefetching now."""
         self._tick += 1
+        if self._opened_at is None:
+            self._opened_at = first
         stream = self._match(first)
         if stream is None:
             window = min(INITIAL_WINDOW, self.max_window) if first == 0 else 0
@@ -67,6 +71,18 @@ class ReadAheadPolicy:
             keep.update(range(max(0, s.last_block - 1), s.last_block + 1 + s.window))
         return keep
 
-    def starts(self) -> list[int]:
+    def stream_starts(self) -> list[int]:
         """First blocks of the streams that have read past them (readers under way)."""
         return [s.first_block for s in self._streams if s.last_block > s.first_block]
+
+    def starts(self) -> list[int]:
+        """Where this open handle's readers began: `stream_starts`, and the block of the
+        handle's first read if that was not the file's first block. A reader that opens a file
+        and begins in its middle is most likely reading its own part of it; it has not moved on
+        yet while its neighbour's read-ahead, fed by reads that hit, grows towards it. (For a
+        handle of random reads this is one block, and costs a sequential reader of the same
+        file one wait there while the handle is open.)"""
+        starts = self.stream_starts()
+        if self._opened_at:
+            starts.append(self._opened_at)
+        return starts
