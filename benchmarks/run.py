@@ -35,12 +35,12 @@ if str(BENCH_DIR) not in sys.path:
 from scenarios import discover  # noqa: E402
 from scenarios.base import FULL, QUICK, CeilingPlan, MiB, Workload  # noqa: E402
 from scenarios.datasets import Datasets  # noqa: E402
+from scenarios.guest_memory import reported_free_memory_kib  # noqa: E402
 from scenarios.report import (  # noqa: E402
     BUSY_OTHERS_CORES,
     RunReport,
     ScenarioReport,
     describe_machine,
-    reported_free_memory_kib,
 )
 from scenarios.systems import (  # noqa: E402
     Bench,
@@ -53,6 +53,8 @@ from scenarios.systems import (  # noqa: E402
 
 log = logging.getLogger("bench")
 
+#: memory written once before each run beyond the bytes it reads (see guest_memory.py)
+PREFAULT_SLACK_BYTES = 1 << 30
 #: GETs of the ceiling plan run once, untimed, before a scenario's first system (JIT warm-up)
 WARMUP_GETS = 32
 
@@ -111,6 +113,14 @@ def _parser(names: list[str]) -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="give up on a run after S seconds (default: generous, from the workload's size)",
+    )
+    parser.add_argument(
+        "--no-prefault",
+        dest="prefault",
+        action="store_false",
+        help="do not write once to the memory a run will take before it runs (on a VM that "
+        "hands free memory back to its host, first use of that memory is slow; "
+        "docs/BENCHMARKING.md)",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return parser
@@ -184,10 +194,15 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
             if not workload.store.az.running:
                 raise RuntimeError("Azurite is no longer running")
             result.cache_drop = drop_kernel_caches()
+            bench.arm_prefault(prefault_bytes(workload))
             if bench.repeat > 1:
                 log.info("%s, round %d of %d", system.name, round_no + 1, bench.repeat)
             try:
-                result.runs.append(system.run_once(bench, scenario, workload))
+                run = system.run_once(bench, scenario, workload)
+                if bench.last_prefault is not None:
+                    run.prefault_bytes = bench.last_prefault.bytes
+                    run.prefault_s = bench.last_prefault.seconds
+                result.runs.append(run)
             except KeyboardInterrupt:
                 result.error = "interrupted"
                 raise
@@ -196,6 +211,12 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
                 result.error = f"{type(exc).__name__}: {exc}"
                 continue
             log.info("%s", _summary(result))
+
+
+def prefault_bytes(workload: Workload) -> int:
+    """Memory a run may take fresh: the bytes it reads (into page cache, buffers or files)
+    and room for the daemon or client."""
+    return workload.requested_bytes + PREFAULT_SLACK_BYTES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     out_dir: Path = args.out.resolve()
     datasets = Datasets(profile)
-    bench = Bench(datasets, profile, out_dir, args.repeat, args.py_spy, args.run_timeout)
+    bench = Bench(
+        datasets, profile, out_dir, args.repeat, args.py_spy, args.run_timeout, args.prefault
+    )
     status = 0
     started = time.monotonic()
     log.info("%s profile: %s", profile.name, report.notes[-1])
@@ -276,6 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     drops = {r.cache_drop for sr in report.scenarios for r in sr.systems if r.cache_drop}
     if drops - {"dropped"}:
         report.notes.append(f"kernel caches: {', '.join(sorted(drops))}")
+    prefaults = [run for sr in report.scenarios for r in sr.systems for run in r.runs]
+    if any(run.prefault_bytes for run in prefaults):
+        report.notes.append(
+            "before each run, up to "
+            f"{max(run.prefault_bytes for run in prefaults) / 2**30:.1f} GiB of free memory was "
+            "written once and freed, so that no system pays the host's faults on memory this VM "
+            f"had handed back ({sum(run.prefault_s for run in prefaults):.0f} s in all, untimed; "
+            "docs/BENCHMARKING.md, Known limits)"
+        )
     busy = report.contention()
     if busy > BUSY_OTHERS_CORES:
         report.notes.append(

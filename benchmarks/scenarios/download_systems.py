@@ -175,7 +175,9 @@ class DownloadSystem(System):
                 str(TRANSFERS),
                 *self.extra_args,
             ]
-            meter = ResourceMeter({"harness": os.getpid(), "azurite": store.az.pid})
+            meter = ResourceMeter(
+                {"harness": os.getpid(), "azurite": store.az.pid}, bench.prepare_memory
+            )
             meter.start()
             started = time.perf_counter()
             child = _run_child(cmd, env, work, timeout_for(workload, bench))
@@ -232,7 +234,9 @@ class LocalDownloadSystem(System):
         try:
             dest = work / "dest"
             downloader = Downloader(memory, DownloadConfig(dest=dest, transfers=TRANSFERS))
-            meter = ResourceMeter({"harness": os.getpid(), "azurite": workload.store.az.pid})
+            meter = ResourceMeter(
+                {"harness": os.getpid(), "azurite": workload.store.az.pid}, bench.prepare_memory
+            )
             meter.start()
             result = trio.run(downloader.run)
             usage = meter.stop()

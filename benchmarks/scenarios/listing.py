@@ -162,7 +162,9 @@ class DirectListing(System):
         """Get ready (client, connection), call start(), then page(names) for each page."""
 
     def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
-        meter = ResourceMeter({"harness": os.getpid(), "azurite": self.data.store.az.pid})
+        meter = ResourceMeter(
+            {"harness": os.getpid(), "azurite": self.data.store.az.pid}, bench.prepare_memory
+        )
         marks = Milestones(self.milestone)
         names: list[str] = []
         pages = 0
@@ -296,7 +298,8 @@ class MountListing(BlobmountSystem):
         with daemon:
             before = self.stats(daemon)
             meter = ResourceMeter(
-                {"harness": os.getpid(), "azurite": self.data.store.az.pid, "daemon": daemon.pid}
+                {"harness": os.getpid(), "azurite": self.data.store.az.pid, "daemon": daemon.pid},
+                bench.prepare_memory,
             )
             meter.start()
             marks.start()

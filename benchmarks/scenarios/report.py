@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from scenarios.base import GiB, Phase, Scenario
+from scenarios.guest_memory import reported_free_memory_kib
 from scenarios.systems import KEPT_SUFFIX, RunMetrics, SystemResult
 
 log = logging.getLogger(__name__)
@@ -166,20 +167,6 @@ def _package(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-#: the kernel's free page reporting (virtio-balloon): free memory handed back to the hypervisor
-PAGE_REPORTING = Path("/sys/module/page_reporting/parameters")
-
-
-def reported_free_memory_kib() -> int | None:
-    """KiB of free memory this VM has handed back to its hypervisor so far, where the kernel
-    says (a patched page_reporting module does); None elsewhere. Memory handed back is faulted
-    in again, on the host, when it is next used: see docs/BENCHMARKING.md, Known limits."""
-    try:
-        return int((PAGE_REPORTING / "reported_kib").read_text())
-    except (OSError, ValueError):
         return None
 
 

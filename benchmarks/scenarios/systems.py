@@ -51,6 +51,7 @@ from scenarios.base import (
     Workload,
     phase_items,
 )
+from scenarios.guest_memory import Prefault, prefault_free_memory
 
 if TYPE_CHECKING:
     from blobmount.testing.azurite import AzuriteServer
@@ -78,8 +79,24 @@ class Bench:
     py_spy: bool = False
     #: a fixed limit per run instead of `timeout_for(workload, bench)`
     run_timeout_s: float | None = None
+    #: write once to the memory a run will take, just before it (guest_memory.py)
+    prefault: bool = True
     #: "dropped", or why the kernel caches could not be dropped (filled in by the first run)
     cache_drop: str = ""
+    #: the next run's prefault: bytes to write, and what was done (see prepare_memory)
+    prefault_bytes: int = 0
+    last_prefault: Prefault | None = None
+
+    def arm_prefault(self, nbytes: int) -> None:
+        """The next run writes once to `nbytes` of free memory just before its timer starts."""
+        self.prefault_bytes = nbytes if self.prefault else 0
+        self.last_prefault = None
+
+    def prepare_memory(self) -> None:
+        """Called by the meter right before a run's timed part (once per run): after the
+        mount is up, so that the memory is still backed by the host when the run takes it."""
+        if self.prefault_bytes and self.last_prefault is None:
+            self.last_prefault = prefault_free_memory(self.prefault_bytes)
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -113,8 +130,10 @@ def _busy_cpu_s() -> float:
 class ResourceMeter:
     """CPU seconds of named processes over an interval, and of everything else on the machine."""
 
-    def __init__(self, pids: Mapping[str, int]) -> None:
+    def __init__(self, pids: Mapping[str, int], prepare: Callable[[], None] | None = None) -> None:
         self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        #: untimed work right before every start (Bench.prepare_memory)
+        self._prepare = prepare
         self._start: dict[str, float] = {}
         self._busy0 = 0.0
         self._t0 = 0.0
@@ -133,6 +152,8 @@ class ResourceMeter:
         return out
 
     def start(self) -> None:
+        if self._prepare is not None:
+            self._prepare()
         self._start = self._cpu()
         self._busy0 = _busy_cpu_s()
         self._t0 = time.perf_counter()
@@ -292,6 +313,9 @@ class RunMetrics:
     #: a plan with phases: seconds of each phase, and (for a mount with counters) its requests
     phases: dict[str, float] = field(default_factory=dict)
     phase_storage: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: free memory written once and freed just before the run (guest_memory.py), untimed
+    prefault_bytes: int = 0
+    prefault_s: float = 0.0
 
 
 @dataclass
@@ -403,7 +427,9 @@ class CeilingSystem(System):
     def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
         plan = workload.ceilings[self.name]
         store = workload.store
-        meter = ResourceMeter({"harness": os.getpid(), "azurite": store.az.pid})
+        meter = ResourceMeter(
+            {"harness": os.getpid(), "azurite": store.az.pid}, bench.prepare_memory
+        )
         timed, pieces = run_ceiling_plan(
             store.az, store.container, plan, meter, timeout_for(workload, bench)
         )
@@ -794,7 +820,8 @@ class MountSystem(System):
             before = self.stats(daemon)
             rss_mounted = proc_status_kib(daemon.pid, "VmRSS")
             meter = ResourceMeter(
-                {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid}
+                {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid},
+                bench.prepare_memory,
             )
             if bench.py_spy:
                 flame = bench.out_dir / "profiles" / f"{scenario.name}-{self.name}-{run_no}.txt"
