@@ -62,3 +62,29 @@ def test_prefault_writes_the_memory_and_frees_it():
 def test_prefault_does_nothing_without_memory_to_spare(monkeypatch):
     monkeypatch.setattr(guest_memory, "available_memory_bytes", lambda: PREFAULT_HEADROOM_BYTES)
     assert prefault_free_memory(GiB) == guest_memory.Prefault(0, 0.0)
+
+
+def test_a_run_prefaults_once_and_only_when_asked(monkeypatch, tmp_path):
+    from scenarios import systems
+
+    calls = []
+    monkeypatch.setattr(
+        systems, "prefault_free_memory", lambda n: calls.append(n) or guest_memory.Prefault(n, 0.1)
+    )
+    bench = systems.Bench(datasets=None, profile=None, out_dir=tmp_path)  # type: ignore[arg-type]
+    bench.arm_prefault(GiB)
+    meter = systems.ResourceMeter({}, bench.prepare_memory)
+    for _ in range(3):  # a run with phases starts its meter once per phase
+        meter.start()
+        meter.stop()
+    assert calls == [GiB]
+    assert bench.last_prefault == guest_memory.Prefault(GiB, 0.1)
+    bench.arm_prefault(GiB)  # the next run writes again
+    meter.start()
+    assert calls == [GiB, GiB]
+
+    bench = systems.Bench(datasets=None, profile=None, out_dir=tmp_path, prefault=False)  # type: ignore[arg-type]
+    bench.arm_prefault(GiB)
+    systems.ResourceMeter({}, bench.prepare_memory).start()
+    assert calls == [GiB, GiB]
+    assert bench.last_prefault is None
