@@ -194,7 +194,7 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
             if not workload.store.az.running:
                 raise RuntimeError("Azurite is no longer running")
             result.cache_drop = drop_kernel_caches()
-            bench.arm_prefault(prefault_bytes(workload))
+            bench.arm_prefault(memory_taken_by(workload))
             if bench.repeat > 1:
                 log.info("%s, round %d of %d", system.name, round_no + 1, bench.repeat)
             try:
@@ -213,7 +213,7 @@ def run_scenario(bench: Bench, report: ScenarioReport, only_systems: set[str] | 
             log.info("%s", _summary(result))
 
 
-def prefault_bytes(workload: Workload) -> int:
+def memory_taken_by(workload: Workload) -> int:
     """Memory a run may take fresh: the bytes it reads (into page cache, buffers or files)
     and room for the daemon or client."""
     return workload.requested_bytes + PREFAULT_SLACK_BYTES

@@ -393,6 +393,19 @@ async def test_read_ahead_stops_where_a_reader_has_only_just_begun(nursery):
         mgr.close(handle)
 
 
+async def test_a_handles_own_first_read_does_not_limit_its_read_ahead(nursery):
+    # a reader of a footer or an index first (Parquet, zip), then of the file from the start
+    storage, mgr, version, data = make_coalescing(nursery, blocks=40, ahead=8)
+    reader = mgr.open(version)
+    await mgr.read(reader, 20 * B, 100)
+    other = mgr.open(version)
+    assert mgr._others_start_in(other, range(15, 25)) == 20  # another handle stops there
+    assert mgr._others_start_in(reader, range(15, 25)) is None  # it does not stop itself
+    assert await read_part(mgr, reader, 0, 40) == data
+    for handle in (reader, other):
+        mgr.close(handle)
+
+
 async def test_starts_of_closed_readers_are_bounded_and_forgotten(nursery):
     _, mgr, version, _ = make_coalescing(nursery, blocks=400, ahead=8)
     keep = mgr.open(version)

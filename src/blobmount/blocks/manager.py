@@ -75,10 +75,13 @@ class _FileReaders:
         while len(self.closed_starts) > MAX_CLOSED_STARTS:
             del self.closed_starts[next(iter(self.closed_starts))]
 
-    def starts(self) -> list[int]:
+    def starts(self, reading: BlockHandle) -> list[int]:
+        """Where readers began, as `reading` sees it: its own first read is no limit to it (a
+        reader of a footer first, as Parquet and zip readers are, then reads from the start)."""
         out = list(self.closed_starts)
         for handle in self.handles:
-            out.extend(handle.policy.starts())
+            policy = handle.policy
+            out.extend(policy.stream_starts() if handle is reading else policy.starts())
         return out
 
 
@@ -285,17 +288,18 @@ class BlockManager:
 
     def _others_start_in(self, handle: BlockHandle, ahead: range) -> int | None:
         """The first block in `ahead` where another reader of the same file started (see
-        ReadAheadPolicy.starts), including readers that have closed their handles while the
-        file is still open. Several readers each reading their own part of one file (8
-        DataLoader workers, each a slice, each with its own handle) would otherwise each read a
-        whole window into the next part, which that part's reader has fetched already, or has
-        even finished. A reader that does carry on past that point gets its read-ahead back one
-        block later. (The stream `ahead` belongs to started before `ahead`, so it never cuts
-        itself short.)"""
+        ReadAheadPolicy.starts; for `handle` itself only where its streams began), including
+        readers that have closed their handles while the file is still open. Several readers
+        each reading their own part of one file (8 DataLoader workers, each a slice, each with
+        its own handle) would otherwise each read a whole window into the next part, which
+        that part's reader has fetched already, or has even finished. A reader that does carry
+        on past that point gets its read-ahead back one block later. (The stream `ahead`
+        belongs to started before `ahead`, so it never cuts itself short.)"""
         readers = self._readers.get((handle.version.name, handle.version.etag))
         if readers is None:
             return None
-        return min((s for s in readers.starts() if ahead.start <= s < ahead.stop), default=None)
+        starts = readers.starts(handle)
+        return min((s for s in starts if ahead.start <= s < ahead.stop), default=None)
 
     def _schedule(self, handle: BlockHandle, ahead: range) -> None:
         if not ahead:  # most reads of small files and random reads
