@@ -8,9 +8,10 @@ scenarios, so each gets its own row and ratio.
 Systems: the ceiling (the same GETs the downloader makes, parts of 8 MiB, as many at once as it
 has transfers, into memory, no listing: one list request of a few ms), `download`,
 `download-verify` (`--verify`: MD5 of every file against its Content-MD5, the seed's second
-column), and two diagnostics: `download-16MiB` (`--part-size 16MB`, the part-size trade-off
-docs/DOWNLOAD.md describes; only where files have several parts) and `download-local` (the
-local side alone). No mount runs here.
+column), and three diagnostics: `download-page-cache` (`--page-cache`: every write through the
+page cache, the O_DIRECT trade-off of docs/DOWNLOAD.md), `download-16MiB` (`--part-size 16MB`,
+the part-size trade-off docs/DOWNLOAD.md describes; only where files have several parts) and
+`download-local` (the local side alone). No mount runs here.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class Download(Scenario):
             CeilingSystem("ceiling"),
             DownloadSystem("download"),
             DownloadSystem("download-verify", ("--verify",)),
+            DownloadSystem(
+                "download-page-cache",
+                ("--page-cache",),
+                "every write through the page cache, as before O_DIRECT writes",
+            ),
         ]
         if workload.requested_bytes > PART_SIZE * workload.files:  # files of several parts
             systems.append(

@@ -385,12 +385,14 @@ def download(
     exclude: tuple[str, ...] | list[str] = (),
     verify: bool = False,
     progress: bool = False,
+    page_cache: bool = False,
     **settings: Any,
 ) -> DownloadResult:
     """Copy every blob under `uri` to the folder `dest` (created if missing), as
     ``blobmount download`` does; a rerun skips files already current.
 
-    `include`/`exclude` are the command's --include/--exclude globs, `verify` its --verify.
+    `include`/`exclude` are the command's --include/--exclude globs, `verify` its --verify,
+    `page_cache` its --page-cache (write every file through the page cache).
     `settings` are named like the fields of `blobmount.settings.Settings`
     (``downloader_threads=32``).
 
@@ -417,6 +419,7 @@ def download(
             prefix=spec.prefix,
             transfers=loaded.downloader_threads,
             verify=verify,
+            direct_io=not page_cache,
             includes=tuple(include),
             excludes=tuple(exclude),
         )

@@ -30,6 +30,7 @@ from blobmount.source import parse_source
 from blobmount.storage.azure import AzureStorageClient
 from blobmount.testing.azurite import AzuriteServer, free_port
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.direct_io import direct_io_supported
 from tests.unit.test_download_downloader import Hooked
 
 pytestmark = pytest.mark.azurite
@@ -163,6 +164,9 @@ def test_tree_downloads_byte_exact_and_a_rerun_transfers_nothing(azurite, tree, 
     assert out["requests"]["range_requests"] == gets_for(TREE)  # the 40 MiB blob in 41 parts
     assert out["requests"]["range_bytes"] == sum(map(len, TREE.values()))
     assert local_files(dest) == TREE
+    large = sum(len(data) for data in TREE.values() if len(data) >= MiB)
+    if direct_io_supported(tmp_path):  # the large files went around the page cache
+        assert 0.9 * large < out["stats"]["bytes_direct"] <= large
     assert (dest / "a/marked-empty").is_dir()
     assert os.listdir(dest / "a/marked-empty") == []
     assert not (dest / TMP_DIR_NAME).exists()
@@ -176,6 +180,37 @@ def test_tree_downloads_byte_exact_and_a_rerun_transfers_nothing(azurite, tree, 
     assert out["stats"]["files_skipped"] == len(TREE)
     assert out["stats"]["files_fetched"] == 0
     assert local_files(dest) == TREE
+
+
+def test_page_cache_writes_every_file_through_the_page_cache(azurite, tree, tmp_path):
+    dest = tmp_path / "dest"
+    uri = f"{azurite.account_url}/{tree}"
+    proc = run_cli(
+        [uri, str(dest), "--part-size", "1MB", "--page-cache", "--json"], cli_env(azurite)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert summary(proc)["stats"]["bytes_direct"] == 0
+    assert local_files(dest) == TREE
+
+
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_the_python_api_writes_around_the_page_cache_unless_asked_not_to(
+    azurite, tree, tmp_path, monkeypatch, page_cache
+):
+    import blobmount
+
+    for name in list(os.environ):
+        if name.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    dest = tmp_path / "dest"
+    result = blobmount.download(f"{azurite.account_url}/{tree}", dest, page_cache=page_cache)
+    assert result.ok
+    assert local_files(dest) == TREE
+    if page_cache or not direct_io_supported(tmp_path):
+        assert result.stats.bytes_direct == 0
+    else:
+        assert result.stats.bytes_direct > 0
 
 
 def test_text_summary_az_uri_and_prefix(azurite, tree, tmp_path):

@@ -35,6 +35,7 @@ def stats(**kw) -> DownloadStats:
         "md5_verified": 0,
         "md5_missing": 0,
         "checkpoint_s": 0.1,
+        "bytes_direct": 0,
         "elapsed_s": 4.0,
     }
     base.update(kw)

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from blobmount.download.direct_io import DirectWrites
 from blobmount.download.filters import NameFilter
 from blobmount.download.manifest import MANIFEST_NAME, Manifest, Record
 from blobmount.download.planner import Action, Item, Planner, source_id
@@ -69,6 +70,8 @@ class DownloadConfig:
     #: failures kept with their reason (the count is always exact)
     max_failure_details: int = 1000
     write_in_thread: bool = True
+    #: write large files around the page cache where the file system allows (direct_io)
+    direct_io: bool = True
 
     def __post_init__(self) -> None:
         """Raises ValueError for values no download can run with."""
@@ -104,6 +107,7 @@ class DownloadStats:
     md5_verified: int  # files whose Content-MD5 was checked (fetched or already present)
     md5_missing: int  # files with --verify whose blob has no Content-MD5
     checkpoint_s: float  # time spent making files durable and saving the manifest
+    bytes_direct: int  # of bytes_received, written around the page cache (O_DIRECT)
     elapsed_s: float
 
 
@@ -154,13 +158,15 @@ class Downloader:
         self._ended: float | None = None
         # worker threads: one per transfer for writes, plus the lister and the checkpoint
         self._threads = trio.CapacityLimiter(config.transfers + 2)
+        self._direct = DirectWrites(config.part_size) if config.direct_io else None
 
     # -- what callers read ---------------------------------------------------------------
 
     def statistics(self) -> DownloadStats:
         end = self._ended if self._ended is not None else time.monotonic()
         elapsed = 0.0 if self._started is None else end - self._started
-        return DownloadStats(**dataclasses.asdict(self._c), elapsed_s=elapsed)
+        direct = 0 if self._direct is None else self._direct.statistics().direct_bytes
+        return DownloadStats(**dataclasses.asdict(self._c), bytes_direct=direct, elapsed_s=elapsed)
 
     def result(self) -> DownloadResult:
         return DownloadResult(self.statistics(), tuple(self._failures), self._fatal)
@@ -191,6 +197,8 @@ class Downloader:
                 await self._checkpoint(manifest, final=True)
                 await self._thread(manifest.close)
                 await self._thread(self._dest.close)
+                if self._direct is not None:
+                    self._direct.close()
                 self._ended = time.monotonic()
         return self.result()
 
@@ -202,6 +210,7 @@ class Downloader:
             TransferConfig(config.part_size, config.verify, config.write_in_thread),
             slots=trio.CapacityLimiter(config.transfers),
             threads=self._threads,
+            direct=self._direct,
         )
         planner = Planner(
             prefix=config.prefix,

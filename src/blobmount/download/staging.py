@@ -21,6 +21,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from blobmount.download.direct_io import DirectWrites, RefusedError
 from blobmount.errors import BlobmountError
 
 log = logging.getLogger(__name__)
@@ -157,25 +158,42 @@ def file_md5(path: Path) -> bytes:
 class PartFile:
     """One temp file being filled, then moved to its final name by `commit`."""
 
-    def __init__(self, path: Path, size: int, *, preallocate: bool, writeback: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        size: int,
+        *,
+        preallocate: bool,
+        writeback: bool = True,
+        direct: DirectWrites | None = None,
+    ) -> None:
         """Create the temp file (O_EXCL). With `preallocate`, reserve `size` bytes now: parts
         then land in place with pwrite, and a full disk fails here, before any download. With
-        `writeback`, each write starts its writeback at once (`start_writeback`)."""
+        `writeback`, each write through the page cache starts its writeback at once
+        (`start_writeback`). With `direct`, the aligned middle of each write goes around the
+        page cache (`direct_io`) where the file is large enough and its file system allows."""
         self.path: Path | None = path
         self.size = size
         self._writeback = writeback
+        self._direct = direct
+        self._direct_fd: int | None = None
         # 0o666 and the umask, like any file a program creates (mkstemp would force 0600)
         self._fd: int | None = os.open(
             path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666
         )
-        if preallocate and size > 0:
-            try:
-                os.posix_fallocate(self._fd, 0, size)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    self.discard()
-                    raise
-                os.ftruncate(self._fd, size)  # file system without fallocate: sparse is fine
+        try:
+            if preallocate and size > 0:
+                try:
+                    os.posix_fallocate(self._fd, 0, size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                        raise
+                    os.ftruncate(self._fd, size)  # file system without fallocate: sparse is fine
+            if direct is not None:
+                self._direct_fd = direct.open(path, size)
+        except BaseException:
+            self.discard()
+            raise
 
     def _require_fd(self) -> int:
         if self._fd is None:
@@ -184,14 +202,45 @@ class PartFile:
 
     def write_at(self, offset: int, data: bytes) -> None:
         fd = self._require_fd()
-        start = offset
         view = memoryview(data)
+        skip, size = self._write_direct(offset, view)
+        if size:
+            # the unaligned ends, through the page cache
+            self._write_buffered(fd, offset, view[:skip])
+            self._write_buffered(fd, offset + skip + size, view[skip + size :])
+        else:
+            self._write_buffered(fd, offset, view)
+
+    def _write_direct(self, offset: int, view: memoryview) -> tuple[int, int]:
+        """The span of `view` written with O_DIRECT ((0, 0) if none; see DirectWrites.write)."""
+        direct, direct_fd = self._direct, self._direct_fd
+        if direct is None or direct_fd is None:
+            return 0, 0
+        try:
+            return direct.write(direct_fd, offset, view)
+        except RefusedError as exc:
+            direct.refused(self.path, exc)
+            self._close_direct()
+            return 0, 0
+
+    def _write_buffered(self, fd: int, offset: int, view: memoryview) -> None:
+        if not view:
+            return
+        start, length = offset, len(view)
         while view:
             written = os.pwrite(fd, view, offset)
             view = view[written:]
             offset += written
         if self._writeback:
-            start_writeback(fd, start, len(data))
+            start_writeback(fd, start, length)
+
+    def _close_direct(self) -> None:
+        fd, self._direct_fd = self._direct_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def commit(self, final: Path, mtime_s: float) -> int:
         """Set the mtime to `mtime_s`, close, and rename onto `final` (creating its folder).
@@ -200,6 +249,7 @@ class PartFile:
         ns = int(mtime_s * 1e9)
         os.utime(fd, ns=(ns, ns))
         mtime_ns = os.fstat(fd).st_mtime_ns  # the file system may round what we set
+        self._close_direct()
         self._fd = None
         os.close(fd)
         src = self.path
@@ -212,6 +262,7 @@ class PartFile:
     def discard(self) -> None:
         """Close and delete the temp file, if still there. Plain syscalls, no await: it must
         run even while the task is being cancelled. Never raises."""
+        self._close_direct()
         fd, self._fd = self._fd, None
         if fd is not None:
             try:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from blobmount.download.direct_io import DirectWrites
 from blobmount.download.staging import Destination, PartFile
 from blobmount.errors import BlobmountError, StorageError
 from blobmount.storage.base import BlobProps, StorageClient
@@ -95,7 +96,8 @@ class OrderedDigest:
 
 class Transfers:
     """Fetches blobs into DEST (or any path, with `fetch_to`), sharing `slots` (the transfer
-    budget) and `threads` (for file writes) between all files."""
+    budget), `threads` (for file writes) and `direct` (O_DIRECT buffers; None writes everything
+    through the page cache) between all files."""
 
     def __init__(
         self,
@@ -105,6 +107,7 @@ class Transfers:
         *,
         slots: trio.CapacityLimiter,
         threads: trio.CapacityLimiter,
+        direct: DirectWrites | None = None,
     ) -> None:
         if config.part_size < 1:
             raise ValueError("part_size must be positive")
@@ -113,6 +116,7 @@ class Transfers:
         self._config = config
         self._slots = slots
         self._threads = threads
+        self._direct = direct
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         if self._config.write_in_thread:
@@ -172,7 +176,13 @@ class Transfers:
         if self._wants_md5(blob):
             self._check_md5(blob, hashlib.md5(data).digest())
             verified = True
-        part = PartFile(tmp, len(data), preallocate=False, writeback=self._config.start_writeback)
+        part = PartFile(
+            tmp,
+            len(data),
+            preallocate=False,
+            writeback=self._config.start_writeback,
+            direct=self._direct,
+        )
         try:
             part.write_at(0, data)
             return Fetched(part.commit(final, blob.last_modified), verified)
@@ -223,7 +233,13 @@ class Transfers:
             raise
 
     def _create(self, tmp: Path, size: int) -> PartFile:
-        return PartFile(tmp, size, preallocate=True, writeback=self._config.start_writeback)
+        return PartFile(
+            tmp,
+            size,
+            preallocate=True,
+            writeback=self._config.start_writeback,
+            direct=self._direct,
+        )
 
     async def _part(
         self,
