@@ -108,7 +108,8 @@ class DirectWrites:
 
         Raises:
             RefusedError: the file system refused this write (part of the span may have been
-                written: write the whole part another way, and stop using `fd`).
+                written: write the whole part another way, and stop using `fd`; close it only
+                once no other thread can be writing through it).
             OSError: the write failed (disk full, I/O error).
         """
         skip, size = aligned_middle(offset, len(data))

@@ -177,6 +177,7 @@ class PartFile:
         self._writeback = writeback
         self._direct = direct
         self._direct_fd: int | None = None
+        self._direct_refused = False
         # 0o666 and the umask, like any file a program creates (mkstemp would force 0600)
         self._fd: int | None = os.open(
             path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666
@@ -214,13 +215,17 @@ class PartFile:
     def _write_direct(self, offset: int, view: memoryview) -> tuple[int, int]:
         """The span of `view` written with O_DIRECT ((0, 0) if none; see DirectWrites.write)."""
         direct, direct_fd = self._direct, self._direct_fd
-        if direct is None or direct_fd is None:
+        if direct is None or direct_fd is None or self._direct_refused:
             return 0, 0
         try:
             return direct.write(direct_fd, offset, view)
         except RefusedError as exc:
-            direct.refused(self.path, exc)
-            self._close_direct()
+            # Stop using it, but keep it open until commit or discard: other parts of this
+            # file may be writing through it in other threads, and a closed descriptor's
+            # number can be reused at once by another file.
+            if not self._direct_refused:
+                self._direct_refused = True
+                direct.refused(self.path, exc)
             return 0, 0
 
     def _write_buffered(self, fd: int, offset: int, view: memoryview) -> None:
