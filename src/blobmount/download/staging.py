@@ -241,11 +241,7 @@ class PartFile:
 
     def _close_direct(self) -> None:
         fd, self._direct_fd = self._direct_fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_quietly(fd)
 
     def commit(self, final: Path, mtime_s: float) -> int:
         """Set the mtime to `mtime_s`, close, and rename onto `final` (creating its folder).
@@ -269,14 +265,18 @@ class PartFile:
         run even while the task is being cancelled. Never raises."""
         self._close_direct()
         fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_quietly(fd)
         path, self.path = self.path, None
         if path is not None:
             try:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _close_quietly(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
