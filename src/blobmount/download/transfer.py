@@ -19,6 +19,7 @@ downloads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -176,13 +177,7 @@ class Transfers:
         if self._wants_md5(blob):
             self._check_md5(blob, hashlib.md5(data).digest())
             verified = True
-        part = PartFile(
-            tmp,
-            len(data),
-            preallocate=False,
-            writeback=self._config.start_writeback,
-            direct=self._direct,
-        )
+        part = self._part_file(tmp, len(data), preallocate=False)
         try:
             part.write_at(0, data)
             return Fetched(part.commit(final, blob.last_modified), verified)
@@ -193,7 +188,9 @@ class Transfers:
     async def _fetch_parts(
         self, blob: BlobProps, tmp: Path, final: Path, on_bytes: Callable[[int], None]
     ) -> Fetched:
-        part_file = await self._io(self._create, tmp, blob.size)
+        part_file = await self._io(
+            functools.partial(self._part_file, tmp, blob.size, preallocate=True)
+        )
         digest = OrderedDigest(self._io) if self._wants_md5(blob) else None
         try:
             errors: list[BaseException] = []
@@ -232,11 +229,11 @@ class Transfers:
             part_file.discard()
             raise
 
-    def _create(self, tmp: Path, size: int) -> PartFile:
+    def _part_file(self, tmp: Path, size: int, *, preallocate: bool) -> PartFile:
         return PartFile(
             tmp,
             size,
-            preallocate=True,
+            preallocate=preallocate,
             writeback=self._config.start_writeback,
             direct=self._direct,
         )
