@@ -138,7 +138,7 @@ def _warm_up(bench: Bench, workload: Workload) -> None:
     first = plan.steps[0][:WARMUP_GETS]
     warm = CeilingPlan((first,), plan.concurrency, "warm-up")
     store = workload.store
-    run_ceiling_plan(store.az, store.container, warm, ResourceMeter({}), 120.0)
+    run_ceiling_plan(store, warm, ResourceMeter({}), 120.0)
 
 
 def _summary(result: SystemResult) -> str:

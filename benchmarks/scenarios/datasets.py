@@ -17,6 +17,7 @@ faster.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from blobmount.testing.pattern import pattern_bytes
 from scenarios.base import Profile
+from scenarios.delay_proxy import HOST as PROXY_HOST
+from scenarios.delay_proxy import DelayProxy
 
 if TYPE_CHECKING:
     from blobmount.testing.azurite import AzuriteServer
@@ -50,15 +53,45 @@ UPLOAD_TIMEOUT_S = 900.0
 
 @dataclass(frozen=True, slots=True)
 class Store:
-    """Where a dataset lives: its own Azurite, one container."""
+    """Where a dataset lives: its own Azurite, one container; with `proxy`, reached through a
+    delay proxy in front of that Azurite (`Datasets.delayed`)."""
 
     az: AzuriteServer
     container: str
+    proxy: DelayProxy | None = None
+
+    @property
+    def account_url(self) -> str:
+        """Where clients send requests: Azurite, or the proxy in front of it."""
+        if self.proxy is None:
+            return self.az.account_url
+        return f"http://{PROXY_HOST}:{self.proxy.port}/{self.az.account}"
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.az.account};"
+            f"AccountKey={self.az.account_key};BlobEndpoint={self.account_url};"
+        )
 
     @property
     def uri(self) -> str:
         """The source URI a mount of the container is given."""
-        return f"{self.az.account_url}/{self.container}"
+        return f"{self.account_url}/{self.container}"
+
+    @property
+    def latency_note(self) -> str:
+        """How requests to this store are delayed, for descriptions ("" if they are not)."""
+        if self.proxy is None:
+            return ""
+        return f"every response delayed {self.proxy.delay_ms:g} ms by a proxy"
+
+    def backend_pids(self) -> dict[str, int]:
+        """The processes that serve requests, by the name their CPU is reported under."""
+        pids = {"azurite": self.az.pid}
+        if self.proxy is not None:
+            pids["proxy"] = self.proxy.pid
+        return pids
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +141,8 @@ class ManyFiles:
 class Datasets:
     """Builds each dataset on first use, in an Azurite of its own, and keeps it for the run.
 
-    `close()` stops every Azurite it started (also after a failure or an interrupt).
+    `close()` stops every Azurite and delay proxy it started (also after a failure or an
+    interrupt).
     """
 
     def __init__(self, profile: Profile) -> None:
@@ -117,6 +151,7 @@ class Datasets:
         self._large: LargeFile | None = None
         self._small: ManyFiles | None = None
         self._medium: ManyFiles | None = None
+        self._proxies: dict[tuple[int, float], DelayProxy] = {}
         #: how each dataset was made (sizes, seconds), for the report
         self.built: list[dict[str, Any]] = []
 
@@ -135,6 +170,18 @@ class Datasets:
         self._servers.append(az)
         return az
 
+    def delayed(self, store: Store, delay_ms: float) -> Store:
+        """`store` reached through a delay proxy (started on first use, stopped at close())."""
+        key = (store.az.port, delay_ms)
+        proxy = self._proxies.get(key)
+        if proxy is None:
+            proxy = self._proxies[key] = DelayProxy(store.az.port, delay_ms)
+            proxy.start()
+            log.info(
+                "delay proxy of %g ms: port %d -> Azurite's %d", delay_ms, proxy.port, store.az.port
+            )
+        return dataclasses.replace(store, proxy=proxy)
+
     @property
     def servers(self) -> list[AzuriteServer]:
         return list(self._servers)
@@ -149,7 +196,10 @@ class Datasets:
                 os.kill(az.pid, signal.SIGCONT if az is active else signal.SIGSTOP)
 
     def close(self) -> None:
-        """Stop every Azurite this run started (resumed first: a paused one cannot exit)."""
+        """Stop every delay proxy and Azurite this run started (an Azurite is resumed first: a
+        paused one cannot exit)."""
+        for proxy in self._proxies.values():
+            proxy.stop()
         for az in self._servers:
             if az.running:
                 os.kill(az.pid, signal.SIGCONT)

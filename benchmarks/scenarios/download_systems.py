@@ -161,7 +161,7 @@ class DownloadSystem(System):
         try:
             dest = work / "dest"
             env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
-            env["AZURE_STORAGE_CONNECTION_STRING"] = store.az.connection_string
+            env["AZURE_STORAGE_CONNECTION_STRING"] = store.connection_string
             cmd = [
                 sys.executable,
                 "-m",

@@ -51,7 +51,7 @@ def _container_sas_url(store: Store) -> str:
         permission=ContainerSasPermissions(read=True, list=True),
         expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=SAS_HOURS),
     )
-    return f"{az.account_url}/{store.container}?{sas}"
+    return f"{store.account_url}/{store.container}?{sas}"
 
 
 class RcloneSystem(MountSystem):

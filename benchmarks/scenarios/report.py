@@ -293,6 +293,8 @@ def _row(number: int, scenario: str, result: SystemResult, ceiling_s: float | No
     fetched = run.storage.get("range_bytes")
     amplification = f"{fetched / result.requested_bytes:.2f}" if fetched is not None else "-"
     az = f"{run.azurite_cpu_s / seconds:.2f}" if run.azurite_cpu_s is not None else "-"
+    if run.proxy_cpu_s is not None:
+        az += f" (+{run.proxy_cpu_s / seconds:.2f} proxy)"
     others = f"{run.others_cpu_s / seconds:.2f}" if run.others_cpu_s is not None else "-"
     if result.error:
         ok = "error"
@@ -402,6 +404,7 @@ How to read this (docs/BENCHMARKING.md has the details):
 - **Azurite CPU / other CPU**: average cores used during the timed part by Azurite, and by
   everything else on the machine (other users, kernel threads). The machine has 2 cores in all:
   Azurite near 1.0 means the emulator was the bottleneck; high "other" means the figure is noisy.
+  "(+x proxy)": a scenario with added latency also ran the delay proxy, which used x cores.
 - **listing** rows (scenario 6): the time is the whole listing (or walk); throughput is entries
   per second, with the seconds to the first entry and to the milestones; storage requests are
   list requests.

@@ -54,7 +54,6 @@ from scenarios.base import (
 from scenarios.guest_memory import Prefault, prefault_free_memory
 
 if TYPE_CHECKING:
-    from blobmount.testing.azurite import AzuriteServer
     from scenarios.datasets import Datasets, Store
 
 log = logging.getLogger(__name__)
@@ -298,6 +297,8 @@ class RunMetrics:
     client_cpu_s: float | None = None
     harness_cpu_s: float | None = None
     azurite_cpu_s: float | None = None
+    #: the delay proxy's, when the scenario has one (scenarios/delay_proxy.py)
+    proxy_cpu_s: float | None = None
     others_cpu_s: float | None = None
     peak_rss_bytes: int | None = None
     rss_after_mount_bytes: int | None = None
@@ -428,11 +429,9 @@ class CeilingSystem(System):
         plan = workload.ceilings[self.name]
         store = workload.store
         meter = ResourceMeter(
-            {"harness": os.getpid(), "azurite": store.az.pid}, bench.prepare_memory
+            {"harness": os.getpid(), **store.backend_pids()}, bench.prepare_memory
         )
-        timed, pieces = run_ceiling_plan(
-            store.az, store.container, plan, meter, timeout_for(workload, bench)
-        )
+        timed, pieces = run_ceiling_plan(store, plan, meter, timeout_for(workload, bench))
         usage = meter.usage
         mismatch = timed.listing_mismatch or verify_gets(pieces, workload.source)
         del pieces
@@ -443,6 +442,7 @@ class CeilingSystem(System):
             client_cpu_s=usage.get("harness"),
             harness_cpu_s=usage.get("harness"),
             azurite_cpu_s=usage.get("azurite"),
+            proxy_cpu_s=usage.get("proxy"),
             others_cpu_s=usage.get("others"),
             storage={"range_requests": gets, "range_bytes": workload.requested_bytes},
             mismatch_at=mismatch,
@@ -451,8 +451,7 @@ class CeilingSystem(System):
 
 
 def run_ceiling_plan(
-    az: AzuriteServer,
-    container: str,
+    store: Store,
     plan: CeilingPlan,
     meter: ResourceMeter,
     timeout_s: float,
@@ -495,7 +494,9 @@ def run_ceiling_plan(
 
     async def main() -> None:
         # max_connections as the daemon sets it: max(64, 2 * READ_THREADS)
-        client = AzureStorageClient(az.account_url, container, az.credential(), max_connections=64)
+        client = AzureStorageClient(
+            store.account_url, store.container, store.az.credential(), max_connections=64
+        )
         try:
             await client.get_properties(plan.steps[0][0].blob)
             with trio.fail_after(timeout_s):
@@ -820,7 +821,7 @@ class MountSystem(System):
             before = self.stats(daemon)
             rss_mounted = proc_status_kib(daemon.pid, "VmRSS")
             meter = ResourceMeter(
-                {"harness": os.getpid(), "azurite": workload.store.az.pid, "daemon": daemon.pid},
+                {"harness": os.getpid(), **workload.store.backend_pids(), "daemon": daemon.pid},
                 bench.prepare_memory,
             )
             if bench.py_spy:
@@ -846,6 +847,7 @@ class MountSystem(System):
             client_cpu_s=usage.get("daemon"),
             harness_cpu_s=usage.get("harness"),
             azurite_cpu_s=usage.get("azurite"),
+            proxy_cpu_s=usage.get("proxy"),
             others_cpu_s=usage.get("others"),
             peak_rss_bytes=None if hwm is None else hwm * 1024,
             rss_after_mount_bytes=None if rss_mounted is None else rss_mounted * 1024,
@@ -959,7 +961,7 @@ class BlobmountSystem(MountSystem):
     def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
         env.update(self.settings(scenario))
-        env["AZURE_STORAGE_CONNECTION_STRING"] = store.az.connection_string
+        env["AZURE_STORAGE_CONNECTION_STRING"] = store.connection_string
         env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
         # a private runtime dir: the stats socket and mount record of this daemon only
         env["XDG_RUNTIME_DIR"] = str(work / "run")

@@ -132,6 +132,27 @@ async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
     assert blocks.hinted.statistics().held_blocks == REORDER_SLACK
 
 
+async def test_only_files_far_behind_the_newest_open_are_given_up(nursery):
+    n = REORDER_SLACK + 40
+    fs, _, hints, _, _ = build(nursery, n, window=10_000, hint_bytes=10_000 * B)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(n):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    # a data loader's reordering: a few files read out of order, nothing given up
+    for i in (5, 2, 30, 0):
+        await read_file(fs, f"d/{i:04d}")
+    assert hints.statistics().wasted == 0
+    # then a jump: unopened files more than REORDER_SLACK behind it go, the rest stay
+    newest = n - 5
+    await read_file(fs, f"d/{newest:04d}")
+    behind = [i for i in range(newest - REORDER_SLACK) if i not in (5, 2, 30, 0)]
+    s = hints.statistics()
+    assert s.wasted == len(behind)
+    assert s.ahead == n - 5 - len(behind)  # five opened
+
+
 async def test_a_large_file_gets_its_first_blocks_and_keeps_nothing_after_close(nursery):
     fs, blocks, hints, storage, mem = build(nursery, 1, window=4)
     stream = hints.open_stream()

@@ -318,10 +318,11 @@ class BlobFilesystem:
         node = self._node(inode)
         if node.is_dir:
             raise FsError(errno.EISDIR)
-        if not self._fresh(node.fetched) or node.etag is None:
+        etag = node.etag  # a property that formats the packed ETag: read it once
+        if etag is None or not self._fresh(node.fetched):
             await self._refresh(node)
-        assert node.etag is not None
-        etag = node.etag
+            etag = node.etag
+        assert etag is not None
         version = BlobVersion(self._blob_name(node.path), etag, node.size)
         reader = await self._open_reader(version)
         # no await from here on: the bookkeeping below happens all or not at all
@@ -358,10 +359,12 @@ class BlobFilesystem:
                 node = child
             if node.is_dir:
                 return None
-            if not self._fresh(node.fetched) or node.etag is None:
+            etag = node.etag
+            if etag is None or not self._fresh(node.fetched):
                 await self._refresh(node)
-            assert node.etag is not None
-            return BlobVersion(self._blob_name(node.path), node.etag, node.size)
+                etag = node.etag
+            assert etag is not None
+            return BlobVersion(self._blob_name(node.path), etag, node.size)
         except FsError:
             return None
         finally:

@@ -107,6 +107,7 @@ class HintStream:
     def __init__(self, number: int) -> None:
         self.number = number
         self.queue: deque[_Hint] = deque()
+        #: seq -> hint, in seq order (hints start in queue order; `opened` relies on it)
         self.ahead: dict[int, _Hint] = {}
         self.newest_opened = -1
         self.closed = False
@@ -194,8 +195,11 @@ class HintCoordinator:
             late.state = "late"
             self._late += 1
             self._forget(late)
-        # far behind it: given up
-        for old in [h for h in stream.ahead.values() if h.seq < hint.seq - REORDER_SLACK]:
+        # far behind it: given up. `ahead` holds hints in the order they started, which is
+        # their order in the stream, so the ones behind are at its front: the loop stops at the
+        # first that is not (every open would otherwise walk the whole window)
+        cutoff = hint.seq - REORDER_SLACK
+        for old in list(itertools.takewhile(lambda h: h.seq < cutoff, stream.ahead.values())):
             self._give_up(old)
         stream.wake()
 
