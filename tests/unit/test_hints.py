@@ -116,8 +116,8 @@ async def test_a_reader_ahead_of_the_hints_makes_them_late(nursery):
     assert storage.statistics().range_requests == 1 + 4
 
 
-async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
-    n = REORDER_SLACK + 20
+async def _every_file_hinted_and_fetched(nursery, n):
+    """A mount of n small files whose hints, in order, have all been fetched."""
     fs, blocks, hints, _, _ = build(nursery, n, window=10_000, hint_bytes=10_000 * B)
     stream = hints.open_stream()
     nursery.start_soon(hints.run_stream, stream)
@@ -125,6 +125,12 @@ async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
         await hints.add(stream, f"d/{i:04d}")
     await settle()
     assert hints.statistics().ahead == n
+    return fs, blocks, hints
+
+
+async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
+    n = REORDER_SLACK + 20
+    fs, blocks, hints = await _every_file_hinted_and_fetched(nursery, n)
     await read_file(fs, f"d/{n - 1:04d}")  # the reader skipped almost everything
     s = hints.statistics()
     assert s.wasted == n - 1 - REORDER_SLACK
@@ -134,12 +140,7 @@ async def test_fetched_files_far_behind_the_reader_are_given_up(nursery):
 
 async def test_only_files_far_behind_the_newest_open_are_given_up(nursery):
     n = REORDER_SLACK + 40
-    fs, _, hints, _, _ = build(nursery, n, window=10_000, hint_bytes=10_000 * B)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(n):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    fs, _, hints = await _every_file_hinted_and_fetched(nursery, n)
     # a data loader's reordering: a few files read out of order, nothing given up
     for i in (5, 2, 30, 0):
         await read_file(fs, f"d/{i:04d}")
