@@ -69,10 +69,9 @@ class Store:
 
     @property
     def connection_string(self) -> str:
-        return (
-            f"DefaultEndpointsProtocol=http;AccountName={self.az.account};"
-            f"AccountKey={self.az.account_key};BlobEndpoint={self.account_url};"
-        )
+        from blobmount.testing.azurite import connection_string
+
+        return connection_string(self.account_url)
 
     @property
     def uri(self) -> str:

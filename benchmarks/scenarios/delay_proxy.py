@@ -49,11 +49,9 @@ class _Upstream(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.client.send_later(data)
 
-    def eof_received(self) -> bool | None:
-        self.client.send_later(b"")  # close, after what came before it
-        return None
-
     def connection_lost(self, exc: Exception | None) -> None:
+        # Azurite closed (its EOF closes this transport too): close the client, after what
+        # came before it
         self.client.send_later(b"")
 
 

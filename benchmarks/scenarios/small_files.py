@@ -22,7 +22,7 @@ from scenarios.base import (
     Workload,
     seed_block_settings,
 )
-from scenarios.datasets import Datasets, ManyFiles
+from scenarios.datasets import Datasets, ManyFiles, Store
 
 if TYPE_CHECKING:
     from scenarios.systems import System
@@ -59,23 +59,28 @@ class SmallFiles(Scenario):
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
-        jobs, gets = whole_files(small, range(len(small.names)), 0)
+        return self.read_each_once(small, small.store, len(small.names))
+
+    def read_each_once(self, small: ManyFiles, store: Store, count: int) -> Workload:
+        """The first `count` files, each read once, from `store` (maybe behind a proxy)."""
+        jobs, gets = whole_files(small, range(count), 0)
+        late = f"; {store.latency_note}" if store.latency_note else ""
         return Workload(
-            store=small.store,
-            requested_bytes=small.total_bytes,
-            files=len(jobs),
+            store=store,
+            requested_bytes=sum(small.sizes[:count]),
+            files=count,
             source=small.source,
             mount=MountPlan(
                 jobs,
                 self.threads,
-                f"{self.threads} threads take files from one queue: open, one read, close",
+                f"{self.threads} threads take files from one queue: open, one read, close{late}",
             ),
             ceilings={
                 "ceiling": CeilingPlan(
                     (gets,),
                     CEILING_CONCURRENCY,
                     f"AzureStorageClient, one GET per file (names and ETags known), "
-                    f"{CEILING_CONCURRENCY} at once, into memory",
+                    f"{CEILING_CONCURRENCY} at once, into memory{late}",
                 )
             },
         )
@@ -115,29 +120,8 @@ class SmallFilesHintedLatency(SmallFilesHinted):
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
-        store = datasets.delayed(small.store, LATENCY_MS)
-        count = len(small.names) // 2
-        jobs, gets = whole_files(small, range(count), 0)
-        late = f"; {store.latency_note}"
-        return Workload(
-            store=store,
-            requested_bytes=sum(small.sizes[:count]),
-            files=count,
-            source=small.source,
-            mount=MountPlan(
-                jobs,
-                self.threads,
-                f"{self.threads} threads take files from one queue: open, one read, close{late}",
-            ),
-            ceilings={
-                "ceiling": CeilingPlan(
-                    (gets,),
-                    CEILING_CONCURRENCY,
-                    f"AzureStorageClient, one GET per file (names and ETags known), "
-                    f"{CEILING_CONCURRENCY} at once, into memory{late}",
-                )
-            },
-        )
+        delayed = datasets.delayed(small.store, LATENCY_MS)
+        return self.read_each_once(small, delayed, len(small.names) // 2)
 
     def systems(self, workload: Workload) -> list[System]:
         # rclone's full cache mode reads no faster than its cache-off mode once, and the

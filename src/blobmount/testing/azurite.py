@@ -80,6 +80,15 @@ def find_azurite() -> str:
     )
 
 
+def connection_string(account_url: str) -> str:
+    """A connection string for the emulator's account whose blob endpoint is `account_url`
+    (Azurite's own, or a proxy in front of it)."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        f"BlobEndpoint={account_url};"
+    )
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -253,10 +262,7 @@ class AzuriteServer:
 
     @property
     def connection_string(self) -> str:
-        return (
-            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-            f"BlobEndpoint={self.account_url};"
-        )
+        return connection_string(self.account_url)
 
     def credential(self) -> AzureNamedKeyCredential:
         """A fresh shared-key credential for the emulator account."""
