@@ -12,8 +12,8 @@ import trio
 
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
-from blobmount.hints.client import hinted
-from blobmount.hints.coordinator import REORDER_SLACK, HintConfig, HintCoordinator
+from blobmount.hints.client import HintChannel, hinted
+from blobmount.hints.coordinator import GRACE_S, REORDER_SLACK, HintConfig, HintCoordinator
 from blobmount.hints.server import mount_relative
 from blobmount.namespace.inodes import ROOT_INODE
 from blobmount.storage.counting import CountingStorageClient
@@ -82,6 +82,53 @@ async def test_hinted_files_are_fetched_ahead_and_used(nursery):
     assert storage.statistics().range_requests == 40
     assert before == 8
     assert blocks.hinted.statistics().held_bytes == 0
+
+
+async def test_reads_wake_the_stream_task_only_when_the_window_moves(nursery):
+    # every read gives room back to the hinted store; with the window (not room) the limit, that
+    # must not wake the stream's task: one step starts the next hint, one finds the window full
+    fs, _, hints, _, _ = build(nursery, 30, window=4, queued=100)
+    steps = 0
+    step = hints._step
+
+    async def counted(stream):
+        nonlocal steps
+        steps += 1
+        await step(stream)
+
+    hints._step = counted
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(30):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    steps = 0
+    for i in range(10):
+        await read_file(fs, f"d/{i:04d}")
+        await settle()
+    assert hints.statistics().used == 10
+    assert steps == 2 * 10
+    hints.room_freed()
+    await settle()
+    assert steps == 2 * 10
+    assert stream.waiting_for == "window"
+
+
+async def test_a_closed_stream_is_kept_while_its_files_are_being_opened(nursery, autojump_clock):
+    # everything sent is ahead and the queue is empty: the task waits for nothing but opens,
+    # and each open starts the grace period again
+    fs, _, hints, _, _ = build(nursery, 4, window=4)
+    stream = hints.open_stream()
+    nursery.start_soon(hints.run_stream, stream)
+    for i in range(4):
+        await hints.add(stream, f"d/{i:04d}")
+    await settle()
+    hints.close_stream(stream)
+    for i in range(4):
+        await trio.sleep(GRACE_S * 0.6)
+        await read_file(fs, f"d/{i:04d}")
+    s = hints.statistics()
+    assert (s.used, s.wasted) == (4, 0)
 
 
 async def test_the_hinted_store_bounds_what_is_fetched(nursery):
@@ -254,3 +301,18 @@ def test_hinted_yields_everything_without_a_mount(tmp_path, caplog):
     assert "not on a blobmount mount" in caplog.text
     with pytest.raises(ValueError, match="window"):
         list(hinted(items, window=0))
+
+
+def test_hinted_tops_the_window_up_in_batches(monkeypatch):
+    sent: list[int] = []
+    monkeypatch.setattr(HintChannel, "send", lambda self, paths: sent.append(len(list(paths))))
+    window, items = 64, list(range(1000))
+    out = []
+    for item in hinted(items, window=window, path_of=str):
+        out.append(item)
+        told = sum(sent)
+        assert told - len(out) >= min(window - window // 8, len(items) - len(out))
+    assert out == items
+    assert sum(sent) == len(items)
+    assert sent[0] == window
+    assert set(sent[1:-1]) == {window // 8}

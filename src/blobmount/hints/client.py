@@ -9,8 +9,9 @@
     sampler = HintedSampler(RandomSampler(dataset), path_of=lambda i: dataset.files[i])
     loader = DataLoader(dataset, sampler=sampler, num_workers=8)
 
-`hinted` yields the items unchanged and, as item i is handed out, tells the mount about the
-paths of items up to i + window. Hints are advisory: if a path is not on a blobmount mount (or
+`hinted` yields the items unchanged and keeps the mount told about the paths of the next
+`window` items: it tops the window up in batches of an eighth of it, so the mount is woken once
+per batch rather than once per item. Hints are advisory: if a path is not on a blobmount mount (or
 the mount has gone), the items still come, a warning is logged once, and nothing else changes.
 Paths are grouped by mount point, so one iterable may span several mounts.
 
@@ -113,25 +114,31 @@ def hinted(
     path_of: Callable[[T], str | os.PathLike[str]] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Iterator[T]:
-    """Yield `items` in order, hinting the paths of the next `window` of them to the mount.
-    `path_of` maps an item to its path (default: the item is the path)."""
+    """Yield `items` in order, hinting the paths of the next `window` of them to the mount
+    (at least 7/8 of `window` at any time). `path_of` maps an item to its path (default: the
+    item is the path)."""
     if window < 1:
         raise ValueError("window must be at least 1")
     to_path: Callable[[T], str | os.PathLike[str]] = path_of or _as_path
+    # one send per batch: each is a wake-up of the mount's hint task and a write here
+    top_up_below = window - max(1, window // 8)
     source = iter(items)
     ahead: deque[T] = deque()
+    exhausted = False
     with HintChannel(environ) as channel:
         while True:
-            new: list[str | os.PathLike[str]] = []
-            while len(ahead) < window:
-                try:
-                    item = next(source)
-                except StopIteration:
-                    break
-                ahead.append(item)
-                new.append(to_path(item))
-            if new:
-                channel.send(new)
+            if len(ahead) <= top_up_below and not exhausted:
+                new: list[str | os.PathLike[str]] = []
+                while len(ahead) < window:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    ahead.append(item)
+                    new.append(to_path(item))
+                if new:
+                    channel.send(new)
             if not ahead:
                 return
             yield ahead.popleft()

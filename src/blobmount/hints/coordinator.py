@@ -111,15 +111,34 @@ class HintStream:
         self.ahead: dict[int, _Hint] = {}
         self.newest_opened = -1
         self.closed = False
-        self.changed = trio.Event()  # something the stream's task may be waiting for
+        #: what the stream's task is waiting for, if it waits: a hint in the queue ("hints"), a
+        #: file of the window opened ("window") or room in the hinted store ("room"). Events
+        #: wake it only for what it waits for: every file read gives room back, and waking the
+        #: task for each would cost a task switch per file for nothing.
+        self.waiting_for: str | None = None
+        self._task_event = trio.Event()
+        self._queue_event = trio.Event()  # the receiver waits for room in the queue
 
-    def wake(self) -> None:
-        # every task waiting now wakes; a task that waits after this waits for the next wake
-        self.changed.set()
-        self.changed = trio.Event()
+    def wake_task(self, *reasons: str) -> None:
+        """Wake the stream's task if it waits for one of `reasons` (any reason: none given)."""
+        if self.waiting_for is not None and (not reasons or self.waiting_for in reasons):
+            self.waiting_for = None
+            self._task_event.set()
+            self._task_event = trio.Event()
 
-    async def wait(self) -> None:
-        await self.changed.wait()
+    async def task_wait(self, reason: str) -> None:
+        self.waiting_for = reason
+        try:
+            await self._task_event.wait()
+        finally:
+            self.waiting_for = None
+
+    def queue_shrank(self) -> None:
+        self._queue_event.set()
+        self._queue_event = trio.Event()
+
+    async def wait_for_queue_room(self) -> None:
+        await self._queue_event.wait()
 
 
 class HintCoordinator:
@@ -154,12 +173,12 @@ class HintCoordinator:
     async def add(self, stream: HintStream, path: str) -> None:
         """Queue a hint (a path relative to the mount root); waits while the queue is full."""
         while len(stream.queue) >= self.config.queue_limit:
-            await stream.wait()
+            await stream.wait_for_queue_room()
         hint = _Hint(stream, next(self._seq), path, self._blob_prefix + path)
         stream.queue.append(hint)
         self._by_blob.setdefault(hint.blob, []).append(hint)
         self._received += 1
-        stream.wake()
+        stream.wake_task("hints")
 
     def invalid(self) -> None:
         self._invalid += 1
@@ -167,12 +186,12 @@ class HintCoordinator:
     def close_stream(self, stream: HintStream) -> None:
         """The client is gone; what it sent is still acted on (see `run_stream`)."""
         stream.closed = True
-        stream.wake()
+        stream.wake_task()
 
     def room_freed(self) -> None:
         """The hinted store gave room back: streams waiting for it may go on."""
         for stream in self._streams.values():
-            stream.wake()
+            stream.wake_task("room")
 
     # -- called by the filesystem ----------------------------------------------------------
 
@@ -201,7 +220,11 @@ class HintCoordinator:
         cutoff = hint.seq - REORDER_SLACK
         for old in list(itertools.takewhile(lambda h: h.seq < cutoff, stream.ahead.values())):
             self._give_up(old)
-        stream.wake()
+        stream.queue_shrank()
+        if stream.closed:
+            stream.wake_task()  # it times its grace period from the last open
+        else:
+            stream.wake_task("window")
 
     def closed(self, version: BlobVersion) -> None:
         """A file was closed: what is left of its hinted blocks will not be read through it."""
@@ -233,10 +256,12 @@ class HintCoordinator:
 
     async def _step(self, stream: HintStream) -> None:
         """Start the next hint, or wait for something to change."""
-        if not stream.queue or len(stream.ahead) >= self.config.window:
-            await stream.wait()
+        if not stream.queue:
+            await stream.task_wait("hints")
+        elif len(stream.ahead) >= self.config.window:
+            await stream.task_wait("window")
         elif not await self._start(stream.queue[0]):
-            await stream.wait()  # no room in the hinted store: wait for some
+            await stream.task_wait("room")
 
     async def _start(self, hint: _Hint) -> bool:
         """Fetch the hint at the head of its queue; False if the store has no room yet."""
@@ -252,7 +277,7 @@ class HintCoordinator:
             if version is None:
                 self._invalid += 1
                 stream.queue.popleft()
-                stream.wake()
+                stream.queue_shrank()
                 self._forget(hint)
                 return True
             hint.version = version
@@ -272,7 +297,7 @@ class HintCoordinator:
         if started is None:
             return False
         stream.queue.popleft()
-        stream.wake()  # the queue has room again
+        stream.queue_shrank()
         hint.state = "ahead"
         hint.pending = started
         stream.ahead[hint.seq] = hint
