@@ -167,3 +167,65 @@ def test_run_blocking_from_a_plain_thread(bridge):
         return 42
 
     assert bridge.run_blocking(work) == 42
+
+
+async def test_cancelling_some_calls_of_a_batch_leaves_the_others_their_results(bridge):
+    # calls started in one trio step reach the loop in one batch, and their results come back
+    # in batches: a cancelled one is skipped, never handed to another waiter
+    gate = asyncio.Event()
+
+    async def work(i):
+        await gate.wait()
+        return i
+
+    results: dict[int, int] = {}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def one(i):
+        with trio.CancelScope() as scopes[i]:
+            results[i] = await bridge.run(lambda: work(i))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+                nursery.start_soon(one, i)
+            await trio.sleep(0.05)
+            for i in range(0, 100, 3):
+                scopes[i].cancel()
+            await trio.sleep(0.05)
+            bridge.loop.call_soon_threadsafe(gate.set)
+    assert results == {i: i for i in range(100) if i % 3}
+
+
+async def test_an_error_making_the_coroutine_reaches_the_caller(bridge):
+    def broken():
+        raise ValueError("not even a coroutine")
+
+    with pytest.raises(ValueError, match="not even a coroutine"):
+        await bridge.run(broken)
+    assert await bridge.run(lambda: asyncio.sleep(0, result="still fine")) == "still fine"
+
+
+def test_one_bridge_serves_several_trio_runs_at_once(bridge):
+    # results go back to the run that asked (each trio run has its own mailbox)
+    def run_in_thread(tag: str, out: dict[str, list[str]]) -> None:
+        async def main():
+            got = []
+            async with trio.open_nursery() as nursery:
+
+                async def one(i):
+                    got.append(await bridge.run(lambda: asyncio.sleep(0.001, result=f"{tag}{i}")))
+
+                for i in range(50):
+                    nursery.start_soon(one, i)
+            out[tag] = sorted(got)
+
+        trio.run(main)
+
+    out: dict[str, list[str]] = {}
+    threads = [threading.Thread(target=run_in_thread, args=(tag, out)) for tag in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert out == {tag: sorted(f"{tag}{i}" for i in range(50)) for tag in "ab"}

@@ -225,13 +225,20 @@ class BlockFetcher:
         acquired = False
         try:
             if not any(f.urgent for f in run):
-                with trio.CancelScope() as scope:
-                    for fetch in run:  # promoting any of them skips the queue for all
-                        fetch.queue_scope = scope
-                    await lead.limiter.acquire_on_behalf_of(lead)
+                try:  # a free slot needs no queue (and no cancel scope to leave it by)
+                    lead.limiter.acquire_on_behalf_of_nowait(lead)
                     acquired = True
-                for fetch in run:
-                    fetch.queue_scope = None
+                    # still yield once, as a queued prefetch would: demand fetches started in
+                    # the same step send their GETs first
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                except trio.WouldBlock:
+                    with trio.CancelScope() as scope:
+                        for fetch in run:  # promoting any of them skips the queue for all
+                            fetch.queue_scope = scope
+                        await lead.limiter.acquire_on_behalf_of(lead)
+                        acquired = True
+                    for fetch in run:
+                        fetch.queue_scope = None
             await self._load(version, run)
         except Exception as exc:  # handed to every waiter of a block that did not land
             for fetch in run:
