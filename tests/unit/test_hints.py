@@ -13,7 +13,13 @@ import trio
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.hints.client import HintChannel, hinted
-from blobmount.hints.coordinator import GRACE_S, REORDER_SLACK, HintConfig, HintCoordinator
+from blobmount.hints.coordinator import (
+    GRACE_S,
+    REORDER_SLACK,
+    HintConfig,
+    HintCoordinator,
+    HintStream,
+)
 from blobmount.hints.server import mount_relative
 from blobmount.namespace.inodes import ROOT_INODE
 from blobmount.storage.counting import CountingStorageClient
@@ -60,13 +66,23 @@ async def settle() -> None:
         await trio.sleep(0.001)
 
 
-async def test_hinted_files_are_fetched_ahead_and_used(nursery):
-    fs, blocks, hints, storage, mem = build(nursery, 40, window=8)
+def files(numbers: range) -> list[str]:
+    return [f"d/{i:04d}" for i in numbers]
+
+
+async def hint_files(nursery, hints: HintCoordinator, paths) -> HintStream:
+    """A new stream, its task running, with `paths` hinted in order and acted on."""
     stream = hints.open_stream()
     nursery.start_soon(hints.run_stream, stream)
-    for i in range(40):
-        await hints.add(stream, f"d/{i:04d}")
+    for path in paths:
+        await hints.add(stream, path)
     await settle()
+    return stream
+
+
+async def test_hinted_files_are_fetched_ahead_and_used(nursery):
+    fs, blocks, hints, storage, mem = build(nursery, 40, window=8)
+    await hint_files(nursery, hints, files(range(40)))
     s = hints.statistics()
     assert s.ahead == 8  # the window, no more
     assert s.fetched == 8
@@ -97,11 +113,7 @@ async def test_reads_wake_the_stream_task_only_when_the_window_moves(nursery):
         await step(stream)
 
     hints._step = counted
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(30):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    stream = await hint_files(nursery, hints, files(range(30)))
     steps = 0
     for i in range(10):
         await read_file(fs, f"d/{i:04d}")
@@ -118,11 +130,7 @@ async def test_a_closed_stream_is_kept_while_its_files_are_being_opened(nursery,
     # everything sent is ahead and the queue is empty: the task waits for nothing but opens,
     # and each open starts the grace period again
     fs, _, hints, _, _ = build(nursery, 4, window=4)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(4):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    stream = await hint_files(nursery, hints, files(range(4)))
     hints.close_stream(stream)
     for i in range(4):
         await trio.sleep(GRACE_S * 0.6)
@@ -134,11 +142,7 @@ async def test_a_closed_stream_is_kept_while_its_files_are_being_opened(nursery,
 async def test_the_hinted_store_bounds_what_is_fetched(nursery):
     # room for 3 one-block files (~1 KB each): reservations are by block length
     fs, blocks, hints, _, _ = build(nursery, 20, window=100, hint_bytes=3100)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(20):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    await hint_files(nursery, hints, files(range(20)))
     assert hints.statistics().ahead == 3
     held = blocks.hinted.statistics()
     assert held.held_bytes + held.reserved_bytes <= 3100
@@ -166,11 +170,7 @@ async def test_a_reader_ahead_of_the_hints_makes_them_late(nursery):
 async def _every_file_hinted_and_fetched(nursery, n):
     """A mount of n small files whose hints, in order, have all been fetched."""
     fs, blocks, hints, _, _ = build(nursery, n, window=10_000, hint_bytes=10_000 * B)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(n):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    await hint_files(nursery, hints, files(range(n)))
     assert hints.statistics().ahead == n
     return fs, blocks, hints
 
@@ -203,10 +203,7 @@ async def test_only_files_far_behind_the_newest_open_are_given_up(nursery):
 
 async def test_a_large_file_gets_its_first_blocks_and_keeps_nothing_after_close(nursery):
     fs, blocks, hints, storage, mem = build(nursery, 1, window=4)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    await hints.add(stream, "big")
-    await settle()
+    await hint_files(nursery, hints, ["big"])
     assert storage.statistics().range_requests == 4  # blocks_per_file
     assert blocks.hinted.statistics().held_blocks == 4
     node = await fs.lookup(ROOT_INODE, "big")
@@ -222,11 +219,7 @@ async def test_hints_never_push_blocks_out_of_the_ram_tier(nursery):
     await read_file(fs, "d/0000")
     await read_file(fs, "d/0001")
     assert blocks.ram.statistics().entries == 2
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for i in range(2, 32):
-        await hints.add(stream, f"d/{i:04d}")
-    await settle()
+    await hint_files(nursery, hints, files(range(2, 32)))
     assert hints.statistics().fetched == 30
     ram = blocks.ram.statistics()
     assert (ram.entries, ram.evictions) == (2, 0)
@@ -239,11 +232,7 @@ async def test_hints_never_push_blocks_out_of_the_ram_tier(nursery):
 
 async def test_invalid_and_missing_paths_are_counted_not_fetched(nursery):
     _, _, hints, storage, _ = build(nursery, 2)
-    stream = hints.open_stream()
-    nursery.start_soon(hints.run_stream, stream)
-    for path in ("d/9999", "d", "nope/x", "d/0001"):
-        await hints.add(stream, path)
-    await settle()
+    await hint_files(nursery, hints, ("d/9999", "d", "nope/x", "d/0001"))
     s = hints.statistics()
     assert (s.invalid, s.ahead) == (3, 1)
     assert storage.statistics().range_requests == 1

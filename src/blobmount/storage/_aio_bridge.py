@@ -7,8 +7,9 @@ trio code awaits `bridge.run(fn)` without ever blocking the trio thread.
 A call crosses twice: to the loop and back. Both ways go through a queue whose other side is
 woken once per batch (`_start_calls` on the loop, `_Mailbox._deliver` on trio), not once per
 call, and a waiting trio task is rescheduled directly rather than through an Event and a
-concurrent.futures.Future. Small-file reads make a call per file: this saved about 5% of the
-daemon's CPU per hinted file (docs/BENCHMARKING.md).
+concurrent.futures.Future. Small-file reads make a call per file: with a cheaper prefetch slot
+(blocks/fetcher.py), this saved about 4% of the daemon's CPU per hinted file
+(docs/BENCHMARKING.md).
 """
 
 from __future__ import annotations
