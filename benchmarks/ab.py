@@ -3,13 +3,13 @@
     python benchmarks/ab.py OLD_SRC NEW_SRC [--files N] [--rounds R] [--readers T]
                             [--latency-ms MS] [--hint-window W] [--cached]
 
-OLD_SRC and NEW_SRC are `src` folders (of a `git worktree`, say). One Azurite holds N small
-files (20-30 KB, folders of 1,000), optionally behind the benchmark's delay proxy; each version
-mounts it in a daemon of its own (same settings: block cache, no disk cache, RAM tier 0, as
-scenario 3), and the rounds alternate between them (old, new, new, old, ...), each reading
-every file once in a new shuffled order, with the kernel's caches dropped before each. Reported
-per round: files/s and the daemon's CPU per file (from /proc); at the end the medians and the
-per-round ratio new/old of the CPU per file.
+OLD_SRC and NEW_SRC are `src` folders (of a `git worktree`, say). The benchmark's small-file
+dataset (N files, 20-30 KB, folders of 1,000) sits in one Azurite, behind the benchmark's delay
+proxy unless `--latency-ms 0`. Each version mounts it in a daemon of its own, started as
+`run.py` starts `blobmount` for scenario 3 (block cache, no disk cache, RAM tier 0). The rounds
+alternate between them (old, new, new, old, ...); each reads every file once in a new shuffled
+order, with the kernel's caches dropped first. Reported per round: files/s and the daemon's CPU
+per file; at the end the medians and the per-round ratio new/old of the CPU per file.
 
 Why not `run.py` twice: on this VM the same code reads 10-25% faster or slower from one minute
 to the next, so two runs a few minutes apart cannot show a change of a few percent; two daemons
@@ -24,12 +24,11 @@ before the rounds and keeps them (RAM tier of 1 GiB, hints off): the FUSE side a
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import random
 import statistics
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -37,65 +36,44 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from scenarios.base import FileJob, Read  # noqa: E402
-from scenarios.delay_proxy import DelayProxy  # noqa: E402
+from scenarios.base import QUICK, MountPlan  # noqa: E402
+from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
+from scenarios.small_files import SmallFiles, whole_files  # noqa: E402
 from scenarios.systems import (  # noqa: E402
-    FOREIGN_ENV,
+    BlobmountSystem,
     HintSource,
     MountedDaemon,
+    ResourceMeter,
     drop_kernel_caches,
     new_buffer,
     read_through_mount,
+    verify_mount_reads,
 )
 
-from blobmount.testing.azurite import AzuriteServer, connection_string  # noqa: E402
-
-CONTAINER = "small"
+RUN_TIMEOUT_S = 600.0
 
 
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def plan(files: ManyFiles, order: list[int], readers: int) -> MountPlan:
+    jobs, _ = whole_files(files, order, 0)
+    return MountPlan(jobs, readers, "each file once")
 
 
-def dataset(count: int) -> dict[str, bytes]:
-    rng = random.Random(1)
-    return {
-        f"d{i // 1000:02d}/f{i:06d}.bin": rng.randbytes(rng.randint(20_000, 30_000))
-        for i in range(count)
-    }
-
-
-def jobs_for(names: list[str], files: dict[str, bytes]) -> list[FileJob]:
-    jobs, dest = [], 0
-    for name in names:
-        jobs.append(FileJob(name, (Read(0, len(files[name]), dest),)))
-        dest += len(files[name])
-    return jobs
-
-
-def wrong_read(jobs: list[FileJob], buf: bytearray, files: dict[str, bytes]) -> str | None:
-    for job in jobs:
-        r = job.reads[0]
-        if bytes(buf[r.dest : r.dest + r.length]) != files[job.blob]:
-            return job.blob
-    return None
-
-
-def daemon_for(src: str, url: str, settings: dict[str, str], work: Path) -> MountedDaemon:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
-    env.update(settings)
-    env.update(
-        PYTHONPATH=src,
-        AZURE_STORAGE_CONNECTION_STRING=connection_string(url),
-        DATASET_MOUNT_CACHE_DIR=str(work / "cache"),
-        XDG_RUNTIME_DIR=str(work / "run"),
-        XDG_STATE_HOME=str(work / "state"),
-    )
-    cmd = [sys.executable, "-m", "blobmount", "mount", "--foreground", "--log-file"]
-    cmd += [str(work / "daemon.log"), f"{url}/{CONTAINER}", str(work / "mnt")]
-    return MountedDaemon(cmd, env, work)
+def read_round(
+    daemon: MountedDaemon, files: ManyFiles, order: list[int], readers: int, hint_window: int
+) -> tuple[float, float]:
+    """Read every file once in `order`; (seconds, daemon CPU seconds). Raises on a wrong byte."""
+    run = plan(files, order, readers)
+    buf = new_buffer(files.total_bytes)
+    hints = HintSource(hint_window, daemon.env) if hint_window else None
+    drop_kernel_caches()
+    meter = ResourceMeter({"daemon": daemon.pid})
+    meter.start()
+    read_through_mount(daemon.mountpoint, list(run.jobs), readers, buf, RUN_TIMEOUT_S, hints)
+    used = meter.stop()
+    wrong = verify_mount_reads(run, buf, files.source)
+    if wrong is not None:
+        raise RuntimeError(f"wrong bytes read through the mount: {wrong}")
+    return used["wall_s"], used["daemon"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,57 +87,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hint-window", type=int, default=512)
     parser.add_argument("--cached", action="store_true")
     args = parser.parse_args(argv)
-    srcs = {"old": os.path.abspath(args.old_src), "new": os.path.abspath(args.new_src)}
+    srcs = {"old": Path(args.old_src).resolve(), "new": Path(args.new_src).resolve()}
     for src in srcs.values():
-        if not os.path.isfile(os.path.join(src, "blobmount", "__init__.py")):
+        if not (src / "blobmount" / "__init__.py").is_file():
             parser.error(f"{src} is not a src folder with blobmount in it")
-    settings = {
-        "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true",
-        "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED": "false",
-        "DATASET_MOUNT_MEMORY_CACHE_SIZE": str(1 << 30) if args.cached else "0",
-    }
+    ram = {"DATASET_MOUNT_MEMORY_CACHE_SIZE": str(1 << 30)} if args.cached else {}
+    system, scenario = BlobmountSystem(extra_env=ram), SmallFiles()
     hint_window = 0 if args.cached else args.hint_window
-    files = dataset(args.files)
-    names = list(files)
     cpu: dict[str, list[float]] = {tag: [] for tag in srcs}
     rate: dict[str, list[float]] = {tag: [] for tag in srcs}
     with ExitStack() as stack:
-        azurite = stack.enter_context(AzuriteServer())
-        azurite.create_container(CONTAINER)
-        azurite.put_many(CONTAINER, list(files.items()), 8, 600)
-        url = azurite.account_url
+        datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
+        stack.callback(datasets.close)
+        files = datasets.small()
         if args.latency_ms > 0:
-            proxy = DelayProxy(azurite.port, args.latency_ms).start()
-            stack.callback(proxy.stop)
-            url = url.replace(f":{azurite.port}", f":{proxy.port}")
+            files = dataclasses.replace(files, store=datasets.delayed(files.store, args.latency_ms))
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="blobmount-ab-")))
-        daemons = {
-            tag: stack.enter_context(daemon_for(src, url, settings, work / tag))
-            for tag, src in srcs.items()
-        }
-        buf = new_buffer(sum(len(data) for data in files.values()))
+        daemons = {}
+        for tag, src in srcs.items():
+            daemon = system.daemon(files.store, scenario, work / tag)
+            daemon.env["PYTHONPATH"] = str(src)
+            daemons[tag] = stack.enter_context(daemon)
+        everything = list(range(len(files.names)))
         for daemon in daemons.values():  # lists the folders; with --cached, fills the RAM tier
-            warm = names if args.cached else names[:200]
-            read_through_mount(daemon.mountpoint, jobs_for(warm, files), args.readers, buf, 600)
+            warm = everything if args.cached else everything[:200]
+            read_round(daemon, files, warm, args.readers, 0)
         for r in range(args.rounds):
-            order = list(srcs) if r % 2 == 0 else list(srcs)[::-1]
-            shuffled = names[:]
-            random.Random(r).shuffle(shuffled)
-            jobs = jobs_for(shuffled, files)
-            for tag in order:
-                daemon = daemons[tag]
-                drop_kernel_caches()
-                hints = HintSource(hint_window, daemon.env) if hint_window else None
-                buf[:] = bytes(len(buf))
-                before, start = cpu_s(daemon.pid), time.perf_counter()
-                read_through_mount(daemon.mountpoint, jobs, args.readers, buf, 600, hints)
-                seconds, used = time.perf_counter() - start, cpu_s(daemon.pid) - before
-                wrong = wrong_read(jobs, buf, files)
-                if wrong is not None:
-                    print(f"round {r} {tag}: WRONG BYTES in {wrong}")
-                    return 1
-                cpu[tag].append(1000 * used / len(names))
-                rate[tag].append(len(names) / seconds)
+            order = everything[:]
+            random.Random(r).shuffle(order)
+            for tag in list(srcs) if r % 2 == 0 else list(srcs)[::-1]:
+                seconds, used = read_round(daemons[tag], files, order, args.readers, hint_window)
+                cpu[tag].append(1000 * used / len(order))
+                rate[tag].append(len(order) / seconds)
                 print(
                     f"round {r} {tag}: {rate[tag][-1]:6.0f} files/s, "
                     f"daemon {cpu[tag][-1]:.3f} ms/file",

@@ -318,12 +318,8 @@ class BlobFilesystem:
         node = self._node(inode)
         if node.is_dir:
             raise FsError(errno.EISDIR)
-        etag = node.etag  # a property that formats the packed ETag: read it once
-        if etag is None or not self._fresh(node.fetched):
-            await self._refresh(node)
-            etag = node.etag
-        assert etag is not None
-        version = BlobVersion(self._blob_name(node.path), etag, node.size)
+        version = await self._current_version(node)
+        etag = version.etag
         reader = await self._open_reader(version)
         # no await from here on: the bookkeeping below happens all or not at all
         open_etags = self._open_etags.setdefault(node.inode, Counter())
@@ -359,16 +355,20 @@ class BlobFilesystem:
                 node = child
             if node.is_dir:
                 return None
-            etag = node.etag
-            if etag is None or not self._fresh(node.fetched):
-                await self._refresh(node)
-                etag = node.etag
-            assert etag is not None
-            return BlobVersion(self._blob_name(node.path), etag, node.size)
+            return await self._current_version(node)
         except FsError:
             return None
         finally:
             self.inodes.release_if_unused(node)
+
+    async def _current_version(self, node: Node) -> BlobVersion:
+        """The version of a file node an open pins now (its properties refreshed if stale)."""
+        etag = node.etag  # a property that formats the packed ETag: read it once
+        if etag is None or not self._fresh(node.fetched):
+            await self._refresh(node)
+            etag = node.etag
+        assert etag is not None
+        return BlobVersion(self._blob_name(node.path), etag, node.size)
 
     async def _open_reader(self, version: BlobVersion) -> OpenReader:
         if self._whole_files is not None:
