@@ -76,6 +76,33 @@ def read_round(
     return used["wall_s"], used["daemon"]
 
 
+def alternated_rounds(
+    daemons: dict[str, MountedDaemon],
+    files: ManyFiles,
+    rounds: int,
+    readers: int,
+    hint_window: int,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Rounds of every file read once, each in a new shuffled order, by each daemon in turn
+    (first, second, second, first, ...). Per daemon: ms of its CPU per file, and files/s, a
+    figure per round (also printed as it comes)."""
+    cpu: dict[str, list[float]] = {tag: [] for tag in daemons}
+    rate: dict[str, list[float]] = {tag: [] for tag in daemons}
+    everything = list(range(len(files.names)))
+    for r in range(rounds):
+        order = everything[:]
+        random.Random(r).shuffle(order)
+        for tag in list(daemons) if r % 2 == 0 else list(daemons)[::-1]:
+            seconds, used = read_round(daemons[tag], files, order, readers, hint_window)
+            cpu[tag].append(1000 * used / len(order))
+            rate[tag].append(len(order) / seconds)
+            print(
+                f"round {r} {tag}: {rate[tag][-1]:6.0f} files/s, daemon {cpu[tag][-1]:.3f} ms/file",
+                flush=True,
+            )
+    return cpu, rate
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old_src")
@@ -94,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     ram = {"DATASET_MOUNT_MEMORY_CACHE_SIZE": str(1 << 30)} if args.cached else {}
     system, scenario = BlobmountSystem(extra_env=ram), SmallFiles()
     hint_window = 0 if args.cached else args.hint_window
-    cpu: dict[str, list[float]] = {tag: [] for tag in srcs}
-    rate: dict[str, list[float]] = {tag: [] for tag in srcs}
     with ExitStack() as stack:
         datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
         stack.callback(datasets.close)
@@ -112,18 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         for daemon in daemons.values():  # lists the folders; with --cached, fills the RAM tier
             warm = everything if args.cached else everything[:200]
             read_round(daemon, files, warm, args.readers, 0)
-        for r in range(args.rounds):
-            order = everything[:]
-            random.Random(r).shuffle(order)
-            for tag in list(srcs) if r % 2 == 0 else list(srcs)[::-1]:
-                seconds, used = read_round(daemons[tag], files, order, args.readers, hint_window)
-                cpu[tag].append(1000 * used / len(order))
-                rate[tag].append(len(order) / seconds)
-                print(
-                    f"round {r} {tag}: {rate[tag][-1]:6.0f} files/s, "
-                    f"daemon {cpu[tag][-1]:.3f} ms/file",
-                    flush=True,
-                )
+        cpu, rate = alternated_rounds(daemons, files, args.rounds, args.readers, hint_window)
     for tag in srcs:
         print(
             f"{tag}: median {statistics.median(cpu[tag]):.3f} ms/file (min {min(cpu[tag]):.3f}), "

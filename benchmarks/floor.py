@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from ab import read_round  # noqa: E402
+from ab import alternated_rounds, read_round  # noqa: E402
 from scenarios.base import QUICK  # noqa: E402
 from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
 from scenarios.small_files import SmallFiles  # noqa: E402
@@ -58,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--readers", type=int, default=4)
     args = parser.parse_args(argv)
-    cpu: dict[str, list[float]] = {"bare": [], "blobmount": []}
     with ExitStack() as stack:
         datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
         stack.callback(datasets.close)
@@ -72,23 +70,13 @@ def main(argv: list[str] | None = None) -> int:
                 BlobmountSystem(extra_env=ram).daemon(files.store, SmallFiles(), work / "bm")
             ),
         }
-        everything = list(range(len(files.names)))
         for daemon in daemons.values():  # blobmount: fills the RAM tier
-            read_round(daemon, files, everything, args.readers, 0)
-        for r in range(args.rounds):
-            order = everything[:]
-            random.Random(r).shuffle(order)
-            for tag in list(daemons) if r % 2 == 0 else list(daemons)[::-1]:
-                seconds, used = read_round(daemons[tag], files, order, args.readers, 0)
-                cpu[tag].append(1000 * used / len(order))
-                print(
-                    f"round {r} {tag}: {len(order) / seconds:6.0f} files/s, "
-                    f"daemon {cpu[tag][-1]:.3f} ms/file",
-                    flush=True,
-                )
-    floor, ours = (statistics.median(cpu[tag]) for tag in ("bare", "blobmount"))
-    for tag in cpu:
-        print(f"{tag}: median {statistics.median(cpu[tag]):.3f} ms/file (min {min(cpu[tag]):.3f})")
+            read_round(daemon, files, list(range(len(files.names))), args.readers, 0)
+        cpu, _ = alternated_rounds(daemons, files, args.rounds, args.readers, 0)
+    medians = {tag: statistics.median(values) for tag, values in cpu.items()}
+    for tag, values in cpu.items():
+        print(f"{tag}: median {medians[tag]:.3f} ms/file (min {min(values):.3f})")
+    floor, ours = medians["bare"], medians["blobmount"]
     print(f"blobmount above the floor: {ours - floor:.3f} ms/file ({ours / floor:.2f}x the floor)")
     return 0
 
