@@ -224,7 +224,7 @@ class LocalDownloadSystem(System):
     def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
         import trio
 
-        from blobmount.download.downloader import DownloadConfig, Downloader
+        from blobmount.download_mode.downloader import DownloadConfig, Downloader
         from blobmount.storage.memory import InMemoryStorageClient
 
         memory = InMemoryStorageClient()

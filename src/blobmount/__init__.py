@@ -11,17 +11,10 @@ The Python API (see `blobmount.api` and the README)::
 Importing the package must stay cheap and must not import pyfuse3 or the Azure SDK, so the
 Python API and the CLI's argument parsing work on machines without FUSE: the API functions are
 loaded on first use.
-
-`blobmount.download` is both the API function and the name of the download-mode subpackage.
-Importing a subpackage rebinds its name on the parent package, so the package module's class
-gets a `download` property: the function until the subpackage is imported, afterwards the
-subpackage itself, made callable so that ``blobmount.download(uri, dest)`` still works.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -33,7 +26,7 @@ if TYPE_CHECKING:
     from blobmount.api import mount as mount
     from blobmount.api import unmount as unmount
 
-_LAZY = ("mount", "unmount")
+_LAZY = ("download", "mount", "unmount")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,31 +39,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-class _CallableSubpackage(types.ModuleType):
-    """The `blobmount.download` subpackage, callable as the API's `download`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from blobmount.api import download as download_function
-
-        return download_function(*args, **kwargs)
-
-
-class _Package(types.ModuleType):
-    @property
-    def download(self) -> Any:
-        subpackage = sys.modules.get(f"{__name__}.download")
-        if subpackage is not None:
-            return subpackage
-        from blobmount.api import download as download_function
-
-        return download_function
-
-    @download.setter
-    def download(self, module: types.ModuleType) -> None:
-        # called by the import system when it binds the subpackage; sys.modules keeps it
-        module.__class__ = _CallableSubpackage
-
-
-sys.modules[__name__].__class__ = _Package

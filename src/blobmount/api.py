@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from blobmount.errors import BlobmountError, MountPointError
 
 if TYPE_CHECKING:
-    from blobmount.download.downloader import DownloadResult
+    from blobmount.download_mode.downloader import DownloadResult
     from blobmount.settings import Settings
 
 __all__ = [
@@ -405,9 +405,9 @@ def download(
     """
     import trio
 
+    from blobmount.cli.download import download as run
     from blobmount.datastores import resolve_source
-    from blobmount.download.command import download as run
-    from blobmount.download.downloader import DownloadConfig
+    from blobmount.download_mode.downloader import DownloadConfig
     from blobmount.errors import ConfigError
     from blobmount.settings import load_settings
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from blobmount.download.command import download
-from blobmount.download.downloader import DownloadConfig
-from blobmount.download.manifest import MANIFEST_NAME
-from blobmount.download.staging import TMP_DIR_NAME
+from blobmount.cli.download import download
+from blobmount.download_mode.downloader import DownloadConfig
+from blobmount.download_mode.manifest import MANIFEST_NAME
+from blobmount.download_mode.staging import TMP_DIR_NAME
 from blobmount.settings import load_settings
 from blobmount.source import parse_source
 from blobmount.storage.azure import AzureStorageClient

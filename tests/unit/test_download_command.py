@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from blobmount.cli import _parser
-from blobmount.download.command import Outcome, download, exit_status
-from blobmount.download.downloader import DownloadConfig
+from blobmount.cli.download import Outcome, download, exit_status
+from blobmount.download_mode.downloader import DownloadConfig
 from blobmount.errors import StorageUnavailable
 from blobmount.settings import load_settings
 from blobmount.source import parse_source
@@ -128,7 +128,7 @@ async def test_a_signal_stops_the_download_cleanly(tmp_path, signum):
 
 
 def test_exit_statuses():
-    from blobmount.download.downloader import DownloadResult
+    from blobmount.download_mode.downloader import DownloadResult
     from tests.unit.test_download_progress import stats
 
     clean = DownloadResult(stats(), (), None)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from blobmount.download import direct_io
-from blobmount.download.direct_io import ALIGN, DirectWrites, aligned_middle
-from blobmount.download.downloader import DownloadConfig, Downloader
-from blobmount.download.staging import PartFile
+from blobmount.download_mode import direct_io
+from blobmount.download_mode.direct_io import ALIGN, DirectWrites, aligned_middle
+from blobmount.download_mode.downloader import DownloadConfig, Downloader
+from blobmount.download_mode.staging import PartFile
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.units import MiB

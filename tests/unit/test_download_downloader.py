@@ -17,9 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from blobmount.download.downloader import DownloadConfig, Downloader, DownloadResult
-from blobmount.download.manifest import MANIFEST_NAME, Manifest
-from blobmount.download.staging import TMP_DIR_NAME, Destination, DestinationError
+from blobmount.download_mode.downloader import DownloadConfig, Downloader, DownloadResult
+from blobmount.download_mode.manifest import MANIFEST_NAME, Manifest
+from blobmount.download_mode.staging import TMP_DIR_NAME, Destination, DestinationError
 from blobmount.errors import StorageUnavailable
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
 from blobmount.storage.counting import CountingStorageClient

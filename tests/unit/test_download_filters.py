@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blobmount.download.filters import NameFilter
+from blobmount.download_mode.filters import NameFilter
 
 
 def test_no_patterns_keep_everything():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blobmount.download.manifest import MANIFEST_NAME, Manifest, Record
+from blobmount.download_mode.manifest import MANIFEST_NAME, Manifest, Record
 
 
 def rec(path: str, etag: str = '"e1"', verified: bool = False) -> Record:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blobmount.download.paths import RESERVED_PREFIX, UnsafeName, is_folder_blob, local_path
+from blobmount.download_mode.paths import RESERVED_PREFIX, UnsafeName, is_folder_blob, local_path
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import logging
 
-from blobmount.download.downloader import DownloadResult, DownloadStats, Failure
-from blobmount.download.progress import (
+from blobmount.download_mode.downloader import DownloadResult, DownloadStats, Failure
+from blobmount.download_mode.progress import (
     BarReporter,
     LogReporter,
     make_reporter,
@@ -84,7 +84,7 @@ def test_progress_line_shows_eta_only_once_the_total_is_known():
 def test_log_reporter_writes_a_line_per_interval(caplog):
     now = [0.0]
     reporter = LogReporter(interval_s=10, clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="blobmount.download.progress"):
+    with caplog.at_level(logging.INFO, logger="blobmount.download_mode.progress"):
         reporter.update(stats(bytes_received=0))
         now[0] = 5
         reporter.update(stats(bytes_received=10 * MiB))

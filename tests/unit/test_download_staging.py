@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from blobmount.download import staging
-from blobmount.download.staging import PartFile, start_writeback
+from blobmount.download_mode import staging
+from blobmount.download_mode.staging import PartFile, start_writeback
 
 
 def test_parts_land_in_place_and_commit_to_the_final_name(tmp_path):

@@ -13,16 +13,25 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "blobmount"
 
 # package -> packages it must never import (lower layers never reach up)
 FORBIDDEN = {
-    "storage": ("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir", "download"),
-    "cachedir": ("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "download"),
-    "blocks": ("namespace", "fs", "daemon", "cli", "download", "wholefile"),
-    "namespace": ("blocks", "fs", "daemon", "cli", "download"),
-    "fs": ("daemon", "cli", "download"),
-    "download": ("fs", "blocks", "cli"),
+    "storage": (
+        "blocks",
+        "wholefile",
+        "namespace",
+        "fs",
+        "daemon",
+        "cli",
+        "cachedir",
+        "download_mode",
+    ),
+    "cachedir": ("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "download_mode"),
+    "blocks": ("namespace", "fs", "daemon", "cli", "download_mode", "wholefile"),
+    "namespace": ("blocks", "fs", "daemon", "cli", "download_mode"),
+    "fs": ("daemon", "cli", "download_mode"),
+    "download_mode": ("fs", "blocks", "cli"),
     # the datastores file is read by the CLI, the API and storage/azure_auth: it stays low
     "datastores": (
         *("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli"),
-        *("cachedir", "download", "api"),
+        *("cachedir", "download_mode", "api"),
     ),
     # the Python API spawns the daemon as a process; it never imports the FUSE/storage stack
     "api": ("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir"),
@@ -34,7 +43,7 @@ CONFINED = {
     "pyfuse3": {"fs/fuse_ops.py", "daemon.py"},
     "azure": {
         *("storage/azure.py", "storage/azure_auth.py", "storage/rest_auth.py"),
-        *("testing/azurite.py", "download"),
+        *("testing/azurite.py", "download_mode"),
     },
     "aiohttp": {"storage/azure.py"},
     "asyncio": {

@@ -318,7 +318,7 @@ async def test_filesystem_reads_whole_files_and_streams_what_does_not_fit(nurser
 async def test_the_cache_does_not_start_writeback_as_downloads_do(tmp_path, monkeypatch):
     # measured: early writeback made whole-file opens about 20% slower, and the cache never
     # syncs, so it gains nothing from it (the download command does: its final syncfs)
-    from blobmount.download import staging
+    from blobmount.download_mode import staging
 
     started: list[int] = []
 

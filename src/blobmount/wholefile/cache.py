@@ -49,7 +49,7 @@ from blobmount.cachedir.layout import (
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
-from blobmount.download.transfer import DEFAULT_PART_SIZE, TransferConfig, Transfers
+from blobmount.download_mode.transfer import DEFAULT_PART_SIZE, TransferConfig, Transfers
 from blobmount.errors import BlobChanged
 from blobmount.settings import Settings
 from blobmount.storage.base import BlobProps, StorageClient

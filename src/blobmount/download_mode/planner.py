@@ -14,10 +14,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from blobmount.download.filters import NameFilter
-from blobmount.download.manifest import Manifest, Record
-from blobmount.download.paths import UnsafeName, is_folder_blob, local_path
-from blobmount.download.staging import Destination
+from blobmount.download_mode.filters import NameFilter
+from blobmount.download_mode.manifest import Manifest, Record
+from blobmount.download_mode.paths import UnsafeName, is_folder_blob, local_path
+from blobmount.download_mode.staging import Destination
 from blobmount.storage.base import BlobProps
 
 log = logging.getLogger(__name__)

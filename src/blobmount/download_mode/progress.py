@@ -16,7 +16,7 @@ from typing import IO, Any, Protocol
 
 import trio
 
-from blobmount.download.downloader import DownloadResult, DownloadStats
+from blobmount.download_mode.downloader import DownloadResult, DownloadStats
 from blobmount.progress import LOG_INTERVAL_S, ByteBar, ProgressLog, rate_text
 from blobmount.units import format_size
 

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from blobmount.download.downloader import DownloadConfig, Downloader, DownloadResult
-from blobmount.download.progress import (
+from blobmount.download_mode.downloader import DownloadConfig, Downloader, DownloadResult
+from blobmount.download_mode.progress import (
     BarReporter,
     make_reporter,
     report_progress,
     summary_json,
     summary_lines,
 )
-from blobmount.download.transfer import DEFAULT_PART_SIZE
+from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
 from blobmount.errors import BlobmountError, ConfigError
 from blobmount.progress import logging_around
 from blobmount.units import KiB, MiB, format_size, parse_size

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from blobmount.download.direct_io import DirectWrites
-from blobmount.download.staging import Destination, PartFile
+from blobmount.download_mode.direct_io import DirectWrites
+from blobmount.download_mode.staging import Destination, PartFile
 from blobmount.errors import BlobmountError, StorageError
 from blobmount.storage.base import BlobProps, StorageClient
 from blobmount.units import MiB

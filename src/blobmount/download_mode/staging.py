@@ -21,7 +21,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from blobmount.download.direct_io import DirectWrites, RefusedError
+from blobmount.download_mode.direct_io import DirectWrites, RefusedError
 from blobmount.errors import BlobmountError
 
 log = logging.getLogger(__name__)

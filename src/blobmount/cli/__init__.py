@@ -84,13 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     datastores.add_argument("--json", action="store_true", help="machine-readable output")
 
-    from blobmount.download.command import add_download_parser
+    from blobmount.cli.download import add_download_parser
 
     add_download_parser(sub)
-    from blobmount.cachedir.commands import add_cache_parser
+    from blobmount.cli.cache import add_cache_parser
 
     add_cache_parser(sub)
-    from blobmount.warm.command import add_warm_parser
+    from blobmount.cli.warm import add_warm_parser
 
     add_warm_parser(sub)
     return parser
@@ -124,15 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stats":
             return _stats(args.mountpoint, as_json=args.json)
         if args.command == "download":
-            from blobmount.download.command import run_download
+            from blobmount.cli.download import run_download
 
             return run_download(args)
         if args.command == "cache":
-            from blobmount.cachedir.commands import run_cache
+            from blobmount.cli.cache import run_cache
 
             return run_cache(args)
         if args.command == "warm":
-            from blobmount.warm.command import run_warm
+            from blobmount.cli.warm import run_warm
 
             return run_warm(args)
     except BlobmountError as exc:

@@ -39,12 +39,17 @@ from typing import Any, TypeVar
 
 import trio
 
-from blobmount.download.direct_io import DirectWrites
-from blobmount.download.filters import NameFilter
-from blobmount.download.manifest import MANIFEST_NAME, Manifest, Record
-from blobmount.download.planner import Action, Item, Planner, source_id
-from blobmount.download.staging import Destination, file_md5
-from blobmount.download.transfer import DEFAULT_PART_SIZE, TransferConfig, TransferError, Transfers
+from blobmount.download_mode.direct_io import DirectWrites
+from blobmount.download_mode.filters import NameFilter
+from blobmount.download_mode.manifest import MANIFEST_NAME, Manifest, Record
+from blobmount.download_mode.planner import Action, Item, Planner, source_id
+from blobmount.download_mode.staging import Destination, file_md5
+from blobmount.download_mode.transfer import (
+    DEFAULT_PART_SIZE,
+    TransferConfig,
+    TransferError,
+    Transfers,
+)
 from blobmount.errors import BlobChanged, StorageError
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, StorageClient
 
