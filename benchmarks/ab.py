@@ -33,22 +33,20 @@ from contextlib import ExitStack
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-if str(BENCH_DIR) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR))
+REPO = BENCH_DIR.parent
+# the harness (scenarios/) and the test helpers it shares with the tests (tests/helpers/)
+for _path in (str(REPO), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-from scenarios.base import QUICK, MountPlan  # noqa: E402
+from scenarios.blobmount_system import BlobmountSystem  # noqa: E402
 from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
+from scenarios.measure import ResourceMeter, drop_kernel_caches  # noqa: E402
+from scenarios.mounted import MountedDaemon  # noqa: E402
+from scenarios.plans import QUICK, MountPlan  # noqa: E402
+from scenarios.readers import HintSource, read_through_mount  # noqa: E402
 from scenarios.small_files import SmallFiles, whole_files  # noqa: E402
-from scenarios.systems import (  # noqa: E402
-    BlobmountSystem,
-    HintSource,
-    MountedDaemon,
-    ResourceMeter,
-    drop_kernel_caches,
-    new_buffer,
-    read_through_mount,
-    verify_mount_reads,
-)
+from scenarios.verify import new_buffer, verify_mount_reads  # noqa: E402
 
 RUN_TIMEOUT_S = 600.0
 

@@ -27,14 +27,18 @@ from contextlib import ExitStack
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-if str(BENCH_DIR) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR))
+REPO = BENCH_DIR.parent
+# the harness (scenarios/) and the test helpers it shares with the tests (tests/helpers/)
+for _path in (str(REPO), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from ab import alternated_rounds, read_round  # noqa: E402
-from scenarios.base import QUICK  # noqa: E402
+from scenarios.blobmount_system import BlobmountSystem  # noqa: E402
 from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
+from scenarios.mounted import MountedDaemon  # noqa: E402
+from scenarios.plans import QUICK  # noqa: E402
 from scenarios.small_files import SmallFiles  # noqa: E402
-from scenarios.systems import BlobmountSystem, MountedDaemon  # noqa: E402
 
 
 def write_tree(files: ManyFiles, root: Path) -> None:

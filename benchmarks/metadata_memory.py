@@ -178,7 +178,8 @@ def daemon_for(entries: int, azurite: bool, mnt: str) -> Iterator[tuple[list[str
     if not azurite:
         yield [sys.executable, __file__, "--serve", mnt, "--entries", str(entries)], {}
         return
-    from blobmount.testing.azurite_seed import SeededAzurite
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests/helpers/
+    from tests.helpers.azurite_seed import SeededAzurite
 
     blobs = [(blob_name(i), f"{i}\n".encode()) for i in range(entries)]
     with SeededAzurite({"memory": blobs}) as az:

@@ -29,27 +29,21 @@ from types import FrameType
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-if str(BENCH_DIR) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR))
+# the harness (scenarios/) and the test helpers it shares with the tests (tests/helpers/)
+for _path in (str(REPO), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from scenarios import discover  # noqa: E402
-from scenarios.base import FULL, QUICK, CeilingPlan, MiB, Workload  # noqa: E402
+from scenarios.base import Bench, System, Workload  # noqa: E402
+from scenarios.ceiling import run_ceiling_plan  # noqa: E402
 from scenarios.datasets import Datasets  # noqa: E402
 from scenarios.guest_memory import reported_free_memory_kib  # noqa: E402
-from scenarios.report import (  # noqa: E402
-    BUSY_OTHERS_CORES,
-    RunReport,
-    ScenarioReport,
-    describe_machine,
-)
-from scenarios.systems import (  # noqa: E402
-    Bench,
-    ResourceMeter,
-    System,
-    SystemResult,
-    drop_kernel_caches,
-    run_ceiling_plan,
-)
+from scenarios.machine import describe_machine  # noqa: E402
+from scenarios.measure import ResourceMeter, drop_kernel_caches  # noqa: E402
+from scenarios.plans import FULL, QUICK, CeilingPlan, MiB  # noqa: E402
+from scenarios.report import BUSY_OTHERS_CORES, RunReport, ScenarioReport  # noqa: E402
+from scenarios.results import SystemResult  # noqa: E402
 
 log = logging.getLogger("bench")
 

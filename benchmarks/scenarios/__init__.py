@@ -2,7 +2,8 @@
 
 A scenario module defines a `Scenario` subclass and registers an instance with `register()` at
 import time; `discover()` imports every module of this package, so adding a scenario is adding a
-file. Modules that register nothing (base, datasets, systems, report) are the harness itself.
+file. Modules that register nothing are the harness itself; their imports point one way, from
+`plans` at the bottom through `base` and the systems to `lineup` (benchmarks/README.md, Layout).
 
 Numbers follow issue #9: 1-5 are the seed's "Optimum mount settings for common scenarios" in its
 order, 6 is listing and 7 is download mode.

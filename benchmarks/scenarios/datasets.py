@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from blobmount.testing.pattern import pattern_bytes
-from scenarios.base import Profile
 from scenarios.delay_proxy import HOST as PROXY_HOST
 from scenarios.delay_proxy import DelayProxy
+from scenarios.plans import Profile
 
 if TYPE_CHECKING:
     from blobmount.testing.azurite import AzuriteServer

@@ -18,26 +18,13 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from scenarios import register
-from scenarios.base import (
-    CeilingPlan,
-    FileJob,
-    MountPlan,
-    Profile,
-    RangeGet,
-    Read,
-    Scenario,
-    Workload,
-    chunked,
-)
+from scenarios.base import Scenario, System, Workload
+from scenarios.ceiling import CeilingSystem
 from scenarios.datasets import Datasets, Store
 from scenarios.download_systems import TRANSFERS, DownloadSystem, LocalDownloadSystem
-from scenarios.systems import CeilingSystem
-
-if TYPE_CHECKING:
-    from scenarios.systems import System
+from scenarios.plans import CeilingPlan, FileJob, MountPlan, Profile, RangeGet, Read, chunked
 
 #: a dataset's store, its (blob, ETag, size), and its content by blob
 FileSet = tuple[Store, Sequence[tuple[str, str, int]], Callable[[str], bytes]]

@@ -34,21 +34,11 @@ from typing import Any
 
 import psutil
 
-from scenarios.base import Scenario, Workload
-from scenarios.systems import (
-    FOREIGN_ENV,
-    Bench,
-    ResourceMeter,
-    RunMetrics,
-    System,
-    listing_mismatch,
-    new_buffer,
-    proc_status_kib,
-    read_through_mount,
-    timeout_for,
-    verify_mount_reads,
-    walk_mount,
-)
+from scenarios.base import FOREIGN_ENV, Bench, Scenario, System, Workload, timeout_for
+from scenarios.measure import ResourceMeter, proc_status_kib
+from scenarios.readers import read_through_mount, walk_mount
+from scenarios.results import RunMetrics
+from scenarios.verify import listing_mismatch, new_buffer, verify_mount_reads
 
 log = logging.getLogger(__name__)
 

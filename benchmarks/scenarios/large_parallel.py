@@ -7,25 +7,25 @@ in multiple threads)". Each thread opens the file itself, as a partitioned reade
 from __future__ import annotations
 
 from scenarios import register
-from scenarios.base import (
+from scenarios.base import Workload
+from scenarios.datasets import Datasets
+from scenarios.lineup import MountScenario
+from scenarios.plans import (
     FileJob,
     MiB,
     MountPlan,
     Profile,
     Read,
-    Scenario,
-    Workload,
     chunked,
     seed_block_settings,
     whole_blob_ceilings,
 )
-from scenarios.datasets import Datasets
 
 READ_SIZE = 1 * MiB
 THREADS = 8
 
 
-class LargeParallel(Scenario):
+class LargeParallel(MountScenario):
     name = "large-parallel"
     number = 2
     title = f"Large file, read once by {THREADS} threads, each a contiguous part (1 MiB reads)"

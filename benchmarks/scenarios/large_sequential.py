@@ -6,24 +6,24 @@ The seed's "Reading large file sequentially one time (processing lines in csv fi
 from __future__ import annotations
 
 from scenarios import register
-from scenarios.base import (
+from scenarios.base import Workload
+from scenarios.datasets import Datasets
+from scenarios.lineup import MountScenario
+from scenarios.plans import (
     FileJob,
     MiB,
     MountPlan,
     Profile,
     Read,
-    Scenario,
-    Workload,
     chunked,
     seed_block_settings,
     whole_blob_ceilings,
 )
-from scenarios.datasets import Datasets
 
 READ_SIZE = 1 * MiB
 
 
-class LargeSequential(Scenario):
+class LargeSequential(MountScenario):
     name = "large-sequential"
     number = 1
     title = "Large file, read sequentially once by one reader (1 MiB reads)"

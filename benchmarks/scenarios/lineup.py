@@ -1,10 +1,13 @@
-"""Which systems run a scenario, in report order (a scenario may override `Scenario.systems`)."""
+"""Which systems run a scenario read through mounts, in report order: the top of the harness's
+systems (it names them all). A scenario of another kind lists its own (download.py, listing.py).
+"""
 
 from __future__ import annotations
 
-from scenarios.base import Scenario, Workload
+from scenarios.base import Scenario, System, Workload
+from scenarios.blobmount_system import BlobmountSystem
+from scenarios.ceiling import CeilingSystem
 from scenarios.rclone import RcloneSystem
-from scenarios.systems import BlobmountSystem, CeilingSystem, System
 
 #: rclone's two ends: no data cache at all, and every byte read kept on local disk
 RCLONE_CACHE_MODES = ("off", "full")
@@ -22,3 +25,11 @@ def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
         *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),
         *([RcloneSystem("full", keep_kernel_caches=True)] if kept else []),
     ]
+
+
+class MountScenario(Scenario):
+    """A scenario read through mounts: its ceilings, blobmount and its variants, and the rclone
+    mounts (`default_systems`)."""
+
+    def systems(self, workload: Workload) -> list[System]:
+        return default_systems(self, workload)

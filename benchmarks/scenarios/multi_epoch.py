@@ -31,24 +31,17 @@ from __future__ import annotations
 import random
 
 from scenarios import register
-from scenarios.base import (
-    CeilingPlan,
-    FileJob,
-    MountPlan,
-    Phase,
-    Profile,
-    RangeGet,
-    Scenario,
-    Workload,
-)
+from scenarios.base import Workload
 from scenarios.datasets import Datasets
+from scenarios.lineup import MountScenario
+from scenarios.plans import CeilingPlan, FileJob, MountPlan, Phase, Profile, RangeGet
 from scenarios.small_files import CEILING_CONCURRENCY, THREADS, whole_files
 
 #: each epoch reads this share of the files
 SAMPLE = 0.25
 
 
-class MultiEpoch(Scenario):
+class MultiEpoch(MountScenario):
     name = "multi-epoch"
     number = 4
     title = (

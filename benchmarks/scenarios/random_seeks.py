@@ -17,7 +17,10 @@ from __future__ import annotations
 import random
 
 from scenarios import register
-from scenarios.base import (
+from scenarios.base import Workload
+from scenarios.datasets import Datasets
+from scenarios.lineup import MountScenario
+from scenarios.plans import (
     CeilingPlan,
     FileJob,
     MiB,
@@ -25,12 +28,9 @@ from scenarios.base import (
     Profile,
     RangeGet,
     Read,
-    Scenario,
-    Workload,
     chunked,
     whole_blob_ceilings,
 )
-from scenarios.datasets import Datasets
 
 MIN_CHUNK = 25_000
 MAX_CHUNK = 2_500_000
@@ -38,7 +38,7 @@ MAX_CHUNK = 2_500_000
 CEILING_PIECE = 1 * MiB
 
 
-class RandomSeeks(Scenario):
+class RandomSeeks(MountScenario):
     name = "random-seeks"
     number = 5
     title = "Large file, random chunks of 25 KB-2.5 MB read once, in order, by one reader"

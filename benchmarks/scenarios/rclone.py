@@ -25,13 +25,12 @@ import os
 import shutil
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from scenarios.base import Scenario
-from scenarios.systems import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, MountedDaemon, MountSystem
-
-if TYPE_CHECKING:
-    from scenarios.datasets import Store
+from scenarios.base import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, Scenario
+from scenarios.datasets import Store
+from scenarios.mount_system import MountSystem
+from scenarios.mounted import MountedDaemon
 
 log = logging.getLogger(__name__)
 

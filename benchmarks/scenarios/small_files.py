@@ -8,24 +8,20 @@ so no listing is timed; each open still looks the name up through the mount.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from scenarios import register
-from scenarios.base import (
+from scenarios.base import System, Workload
+from scenarios.datasets import Datasets, ManyFiles, Store
+from scenarios.lineup import MountScenario
+from scenarios.plans import (
     CeilingPlan,
     FileJob,
     MountPlan,
     Profile,
     RangeGet,
     Read,
-    Scenario,
-    Workload,
     seed_block_settings,
 )
-from scenarios.datasets import Datasets, ManyFiles, Store
-
-if TYPE_CHECKING:
-    from scenarios.systems import System
 
 THREADS = 16
 #: added to every response in the latency variant: a small GET's time to first byte from a VM
@@ -49,7 +45,7 @@ def whole_files(
     return tuple(jobs), tuple(gets)
 
 
-class SmallFiles(Scenario):
+class SmallFiles(MountScenario):
     name = "small-files"
     number = 3
     title = f"Many small files (~25 KB), each read once by {THREADS} threads"

@@ -4,7 +4,7 @@ walked with a list request per 5,000 blobs, and the attribute TTL for blobs adde
 mount.
 
 Azurite's own inserts are O(n) (about 70 blobs/s by 50,000), so the big datasets are written
-straight into an on-disk Azurite's database (blobmount.testing.azurite_seed, ~15 s for both)
+straight into an on-disk Azurite's database (tests/helpers/azurite_seed.py, ~15 s for both)
 and a few seeded blobs are read back through Azurite's API before any test uses them.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from blobmount.runstate import stats_socket
 from blobmount.stats import fetch_stats
 from blobmount.testing.azurite import AzuriteServer
-from blobmount.testing.azurite_seed import SeededAzurite
+from tests.helpers.azurite_seed import SeededAzurite
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite, pytest.mark.timeout(900)]
 

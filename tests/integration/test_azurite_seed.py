@@ -1,4 +1,4 @@
-"""Seeding Azurite's database directly (blobmount.testing.azurite_seed): the blobs it writes are
+"""Seeding Azurite's database directly (tests/helpers/azurite_seed.py): the blobs it writes are
 real to Azurite and to the mount's storage client, and it refuses a version it was not written
 for."""
 
@@ -13,8 +13,8 @@ import trio
 from blobmount.storage._aio_bridge import AsyncioBridge
 from blobmount.storage.azure import AzureStorageClient
 from blobmount.testing.azurite import AzuriteServer
-from blobmount.testing.azurite_seed import SeedError, etag_for, seed_location, verify_seeded
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.azurite_seed import SeedError, etag_for, seed_location, verify_seeded
 
 pytestmark = pytest.mark.azurite
 

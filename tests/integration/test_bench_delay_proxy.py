@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
+from scenarios.datasets import Store
+from scenarios.delay_proxy import DelayProxy
 
 from blobmount.storage.azure import AzureStorageClient
 from blobmount.testing.azurite import AzuriteServer
 from blobmount.testing.pattern import pattern_bytes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from scenarios.datasets import Store
-from scenarios.delay_proxy import DelayProxy
 
 DELAY_MS = 50.0
 

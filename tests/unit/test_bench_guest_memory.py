@@ -4,13 +4,9 @@ and that it leaves the memory it wrote free again."""
 from __future__ import annotations
 
 import resource
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
 from scenarios import guest_memory
 from scenarios.guest_memory import (
     PREFAULT_HEADROOM_BYTES,
@@ -65,15 +61,15 @@ def test_prefault_does_nothing_without_memory_to_spare(monkeypatch):
 
 
 def test_a_run_prefaults_once_and_only_when_asked(monkeypatch, tmp_path):
-    from scenarios import systems
+    from scenarios import base, measure
 
     calls = []
     monkeypatch.setattr(
-        systems, "prefault_free_memory", lambda n: calls.append(n) or guest_memory.Prefault(n, 0.1)
+        base, "prefault_free_memory", lambda n: calls.append(n) or guest_memory.Prefault(n, 0.1)
     )
-    bench = systems.Bench(datasets=None, profile=None, out_dir=tmp_path)  # type: ignore[arg-type]
+    bench = base.Bench(datasets=None, profile=None, out_dir=tmp_path)  # type: ignore[arg-type]
     bench.arm_prefault(GiB)
-    meter = systems.ResourceMeter({}, bench.prepare_memory)
+    meter = measure.ResourceMeter({}, bench.prepare_memory)
     for _ in range(3):  # a run with phases starts its meter once per phase
         meter.start()
         meter.stop()
@@ -83,8 +79,8 @@ def test_a_run_prefaults_once_and_only_when_asked(monkeypatch, tmp_path):
     meter.start()
     assert calls == [GiB, GiB]
 
-    bench = systems.Bench(datasets=None, profile=None, out_dir=tmp_path, prefault=False)  # type: ignore[arg-type]
+    bench = base.Bench(datasets=None, profile=None, out_dir=tmp_path, prefault=False)  # type: ignore[arg-type]
     bench.arm_prefault(GiB)
-    systems.ResourceMeter({}, bench.prepare_memory).start()
+    measure.ResourceMeter({}, bench.prepare_memory).start()
     assert calls == [GiB, GiB]
     assert bench.last_prefault is None

@@ -99,7 +99,7 @@ def free_port() -> int:
 
 class AzuriteServer:
     """One Azurite blob emulator process, on 127.0.0.1, stopped by stop(). In memory, or with
-    `location`, on disk in that folder (which stop() leaves in place: see azurite_seed)."""
+    `location`, on disk in that folder (which stop() leaves in place, to be served again)."""
 
     def __init__(
         self,
