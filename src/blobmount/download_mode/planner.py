@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from blobmount.download_mode.filters import NameFilter
 from blobmount.download_mode.manifest import Manifest, Record
-from blobmount.download_mode.paths import UnsafeName, is_folder_blob, local_path
+from blobmount.download_mode.paths import local_path
 from blobmount.download_mode.staging import Destination
+from blobmount.namespace.names import UnsafeName, is_folder_blob
 from blobmount.storage.base import BlobProps
 
 log = logging.getLogger(__name__)

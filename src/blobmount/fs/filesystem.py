@@ -30,7 +30,14 @@ from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
 from blobmount.namespace.listing import DirEntry, DirListing
-from blobmount.namespace.names import NAME_MAX, valid_segment
+from blobmount.namespace.names import (
+    NAME_MAX,
+    NOT_UNICODE,
+    TOO_LONG,
+    UnsafeName,
+    path_segments,
+    segment_problem,
+)
 from blobmount.storage.base import StorageClient
 from blobmount.wholefile.cache import WholeFileCache
 
@@ -119,15 +126,13 @@ class OpenListener(Protocol):
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
-def _is_utf8(name: str) -> bool:
-    """False for a name from the kernel whose bytes are not UTF-8 (decoded with
-    surrogateescape): no blob can have it, so it is absent without asking storage (whose URL
-    quoting, like our log files, cannot encode it)."""
+def _kernel_bytes(name: str) -> int:
+    """The length of a kernel name that is not UTF-8 (it arrives surrogate-escaped); 0 for a
+    string no kernel could send."""
     try:
-        name.encode("utf-8")
+        return len(name.encode("utf-8", "surrogateescape"))
     except UnicodeEncodeError:
-        return False
-    return True
+        return 0
 
 
 class BlobFilesystem:
@@ -200,9 +205,12 @@ class BlobFilesystem:
         parent = self._node(parent_inode)
         if not parent.is_dir:
             raise FsError(errno.ENOTDIR)
-        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise FsError(errno.ENAMETOOLONG)  # what statfs's name_max promises
-        if not valid_segment(name) or not _is_utf8(name):
+        why = segment_problem(name)
+        if why is not None:
+            # a name no listing would show is absent without asking storage, unless it is too
+            # long (ENAMETOOLONG: what statfs's name_max promises)
+            if why == TOO_LONG or (why == NOT_UNICODE and _kernel_bytes(name) > NAME_MAX):
+                raise FsError(errno.ENAMETOOLONG)
             return None
         node = await self._resolve(parent, name)
         if node is not None:
@@ -346,8 +354,8 @@ class BlobFilesystem:
         are not kept (the kernel does not know them)."""
         node = self.inodes.root
         try:
-            for name in path.split("/"):
-                if not node.is_dir or not valid_segment(name) or not _is_utf8(name):
+            for name in path_segments(path):
+                if not node.is_dir:
                     return None
                 child = await self._resolve(node, name)
                 if child is None:
@@ -356,7 +364,7 @@ class BlobFilesystem:
             if node.is_dir:
                 return None
             return await self._current_version(node)
-        except FsError:
+        except (FsError, UnsafeName):
             return None
         finally:
             self.inodes.release_if_unused(node)

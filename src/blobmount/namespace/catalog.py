@@ -165,7 +165,7 @@ class ListingCatalog:
                 del self._walks[walk_base]
             elif base.startswith(walk_base):
                 return walk
-        walk = FlatWalk(self._storage, base, self._clock())
+        walk = FlatWalk(self._storage, self._root, base, self._clock())
 
         def listing_for(prefix: str) -> WalkedListing | None:
             return self._walked_listing(walk, prefix)

@@ -16,13 +16,21 @@ Two ways to fill listings:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 
 import trio
 
 from blobmount.namespace.inodes import InodeTable, Node, join
-from blobmount.namespace.names import note_skipped, valid_segment
+from blobmount.namespace.names import (
+    UnsafeName,
+    is_folder_blob,
+    note_skipped,
+    path_problem,
+    path_segments,
+    valid_segment,
+)
 from blobmount.storage.base import BlobProps, StorageClient
 
 log = logging.getLogger(__name__)
@@ -97,14 +105,19 @@ class DirListing:
         """Fetch until at least `count` entries are known or the listing is complete."""
         raise NotImplementedError
 
+    def skip(self, blob_name: str, is_dir: bool) -> None:
+        """Leave out a child whose name fails the rule, logged once with the reason the rule
+        gives for the whole name below the mount root (what download of the same prefix says)."""
+        # the mount root's prefix: blob_prefix is it plus this folder's path and a '/'
+        root = len(self.blob_prefix) - (len(self.folder) + 1 if self.folder else 0)
+        why = path_problem(blob_name[root:], is_dir=is_dir)
+        note_skipped(blob_name, why or "not a valid file name")
+
     def add(self, name: str, is_dir: bool, props: BlobProps | None, blob_name: str) -> None:
-        """Add a child. A name seen twice (a marker blob and the prefix of the same folder, or a
-        blob `x` beside a folder `x/`) keeps one entry: the folder wins."""
+        """Add a child whose name passed the rule (`names.valid_segment`). A name seen twice (a
+        marker blob and the prefix of the same folder, or a blob `x` beside a folder `x/`)
+        keeps one entry: the folder wins."""
         if is_dir and props is None and name == self._last_folder:
-            return
-        if not valid_segment(name):
-            if name != "" or not is_dir:  # a marker blob "dir/" lists as an empty name
-                note_skipped(blob_name, "not a valid file name")
             return
         if is_dir:
             self._last_folder = name
@@ -158,9 +171,19 @@ class PagedListing(DirListing):
                 self.pages += 1
                 cut = len(self.blob_prefix)
                 for folder in page.prefixes:
-                    self.add(folder[cut:-1], True, None, folder)
+                    name = folder[cut:-1]
+                    if valid_segment(name):
+                        self.add(name, True, None, folder)
+                    else:
+                        self.skip(folder, True)
                 for blob in page.blobs:
-                    self.add(blob.name[cut:], blob.is_dir_marker, blob, blob.name)
+                    name = blob.name[cut:]
+                    if valid_segment(name):
+                        self.add(name, blob.is_dir_marker, blob, blob.name)
+                    else:
+                        is_dir = is_folder_blob(blob.name, blob.size, blob.is_dir_marker)
+                        if name or not is_dir:  # a folder blob named `prefix` is this folder
+                            self.skip(blob.name, is_dir)
                 self._continuation = page.continuation
                 self._complete = page.continuation is None
 
@@ -193,9 +216,15 @@ ListingFor = Callable[[str], "WalkedListing | None"]
 class FlatWalk:
     """One flat (delimiter-less) listing of a subtree, feeding every folder listing below it."""
 
-    def __init__(self, storage: StorageClient, base_prefix: str, created: float) -> None:
+    def __init__(
+        self, storage: StorageClient, root_prefix: str, base_prefix: str, created: float
+    ) -> None:
         self._storage = storage
         self.base_prefix = base_prefix
+        #: the mount root's prefix: names are checked below it, as the mount shows them
+        self._root_prefix = root_prefix
+        #: how many segments of a name (below the root) lead to the base folder
+        self._depth = base_prefix[len(root_prefix) :].count("/")
         self.created = created
         self._continuation: str | None = None
         self._last_name = ""
@@ -235,17 +264,33 @@ class FlatWalk:
 
     def _place(self, blob: BlobProps) -> None:
         assert self._listing_for is not None, "attach() a listing registry first"
-        rel = blob.name[len(self.base_prefix) :]
-        segments = rel.split("/")
-        if not all(valid_segment(s) for s in segments[:-1]):
-            note_skipped(blob.name, "not a valid path")
-            return
+        name = blob.name
+        rel = name[len(self._root_prefix) :]
+        is_dir = is_folder_blob(name, blob.size, blob.is_dir_marker)
+        last: str | None
+        try:
+            segments = path_segments(rel, is_dir=is_dir)
+        except UnsafeName as exc:
+            note_skipped(name, str(exc))
+            # the folders before the bad segment still exist, as a paged listing (which sees
+            # them as prefixes) shows them
+            segments = list(itertools.takewhile(valid_segment, rel.split("/")[:-1]))
+            parents, last = segments[self._depth :], None
+        else:
+            segments = segments[self._depth :]
+            if is_dir and (name.endswith("/") or not segments):
+                # a folder's own marker named with its '/' (or the base folder's): the folder
+                # is placed as its prefix, without the blob's attributes, as a paged listing
+                # sees it
+                parents, last = segments, None
+            else:
+                parents, last = segments[:-1], segments[-1]
         prefix = self.base_prefix
-        for segment in segments[:-1]:
+        for segment in parents:
             listing = self._listing_for(prefix)
             if listing is not None:
                 listing.add(segment, True, None, prefix + segment + "/")
             prefix += segment + "/"
         listing = self._listing_for(prefix)
-        if listing is not None:
-            listing.add(segments[-1], blob.is_dir_marker, blob, blob.name)
+        if listing is not None and last is not None:
+            listing.add(last, blob.is_dir_marker, blob, name)
