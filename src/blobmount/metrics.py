@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 from wsgiref.simple_server import WSGIServer
 
 import trio
@@ -25,181 +25,256 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from blobmount.errors import ConfigError
 from blobmount.settings import split_host_port
-from blobmount.stats import Snapshot
+
+if TYPE_CHECKING:
+    from blobmount.blocks.disk_tier import DiskTierStats
+    from blobmount.snapshot import MountSnapshot
+    from blobmount.wholefile.cache import WholeFileStats
 
 log = logging.getLogger(__name__)
 
 PREFIX = "blobmount"
 
 
-# (type, name after "blobmount_", help, path into the snapshot). A figure the snapshot lacks is
-# left out, which is how the optional disk tier ("disk" is None when it is off) disappears.
-SIMPLE: tuple[tuple[str, str, str, str], ...] = (
-    ("gauge", "uptime_seconds", "Seconds since the mount started", "uptime_s"),
-    ("gauge", "open_files", "Files open through the mount", "open_files"),
-    ("gauge", "inodes", "Inodes the kernel currently holds", "inodes"),
+#: reads one figure of a snapshot; None where its section is off
+Figure: TypeAlias = "Callable[[MountSnapshot], float | None]"
+
+
+def _disk(figure: Callable[[DiskTierStats], float]) -> Figure:
+    return lambda s: None if s.disk is None else figure(s.disk)
+
+
+def _whole(figure: Callable[[WholeFileStats], float]) -> Figure:
+    return lambda s: None if s.whole_file is None else figure(s.whole_file)
+
+
+# (type, name after "blobmount_", help, figure). A figure of a section that is off is left out,
+# which is how the optional disk tier and whole-file mode (None when off) disappear.
+SIMPLE: tuple[tuple[str, str, str, Figure], ...] = (
+    ("gauge", "uptime_seconds", "Seconds since the mount started", lambda s: s.uptime_s),
+    ("gauge", "open_files", "Files open through the mount", lambda s: s.open_files),
+    ("gauge", "inodes", "Inodes the kernel currently holds", lambda s: s.inodes),
     # readers
     (
         "counter",
         "reads",
         "Reads answered (the kernel page cache answers some first)",
-        "blocks.reads",
+        lambda s: s.blocks.reads,
     ),
-    ("counter", "read_bytes", "Bytes served to readers", "blocks.bytes_served"),
+    ("counter", "read_bytes", "Bytes served to readers", lambda s: s.blocks.bytes_served),
     (
         "gauge",
         "read_throughput_bytes_per_second",
         "Bytes served to readers per second, over the last few seconds",
-        "throughput_bytes_per_s",
+        lambda s: s.throughput_bytes_per_s,
     ),
     (
         "counter",
         "storage_wait_seconds",
         "Seconds readers spent waiting for blocks to be fetched",
-        "blocks.storage_wait_s",
+        lambda s: s.blocks.storage_wait_s,
     ),
     # storage
-    ("counter", "storage_read_bytes", "Bytes read from storage", "storage.range_bytes"),
-    ("counter", "storage_retries", "Attempts repeated after a transient failure", "retry.retries"),
-    ("counter", "storage_gave_up", "Operations that failed after every retry", "retry.gave_up"),
-    ("gauge", "fetches_in_flight", "Block fetches running or queued", "blocks.fetcher.in_flight"),
-    ("counter", "fetch_failures", "Block fetches that failed", "blocks.fetcher.failed"),
+    ("counter", "storage_read_bytes", "Bytes read from storage", lambda s: s.storage.range_bytes),
+    (
+        "counter",
+        "storage_retries",
+        "Attempts repeated after a transient failure",
+        lambda s: s.retry.retries,
+    ),
+    (
+        "counter",
+        "storage_gave_up",
+        "Operations that failed after every retry",
+        lambda s: s.retry.gave_up,
+    ),
+    (
+        "gauge",
+        "fetches_in_flight",
+        "Block fetches running or queued",
+        lambda s: s.blocks.fetcher.in_flight,
+    ),
+    ("counter", "fetch_failures", "Block fetches that failed", lambda s: s.blocks.fetcher.failed),
     # read-ahead
     (
         "counter",
         "readahead_blocks_fetched",
         "Read-ahead fetches started",
-        "blocks.prefetch_started",
+        lambda s: s.blocks.prefetch_started,
     ),
-    ("counter", "readahead_blocks_used", "Read-ahead blocks then read", "blocks.prefetch_used"),
+    (
+        "counter",
+        "readahead_blocks_used",
+        "Read-ahead blocks then read",
+        lambda s: s.blocks.prefetch_used,
+    ),
     (
         "counter",
         "readahead_blocks_wasted",
         "Read-ahead blocks dropped before a reader got to them",
-        "blocks.prefetch_wasted",
+        lambda s: s.blocks.prefetch_wasted,
     ),
     (
         "counter",
         "readahead_skipped",
         "Read-ahead not started because the read-ahead memory limit was reached",
-        "blocks.prefetch_skipped_budget",
+        lambda s: s.blocks.prefetch_skipped_budget,
     ),
-    ("gauge", "readahead_bytes", "Bytes held by read-ahead", "blocks.read_ahead_bytes"),
-    ("gauge", "readahead_limit_bytes", "Read-ahead memory limit", "blocks.read_ahead_budget_bytes"),
+    ("gauge", "readahead_bytes", "Bytes held by read-ahead", lambda s: s.blocks.read_ahead_bytes),
+    (
+        "gauge",
+        "readahead_limit_bytes",
+        "Read-ahead memory limit",
+        lambda s: s.blocks.read_ahead_budget_bytes,
+    ),
     # RAM tier
-    ("gauge", "ram_cache_bytes", "Bytes in the RAM tier", "blocks.ram.used_bytes"),
-    ("gauge", "ram_cache_limit_bytes", "RAM tier size", "blocks.ram.capacity_bytes"),
-    ("gauge", "ram_cache_blocks", "Blocks in the RAM tier", "blocks.ram.entries"),
-    ("counter", "ram_cache_evictions", "Blocks evicted from the RAM tier", "blocks.ram.evictions"),
+    ("gauge", "ram_cache_bytes", "Bytes in the RAM tier", lambda s: s.blocks.ram.used_bytes),
+    ("gauge", "ram_cache_limit_bytes", "RAM tier size", lambda s: s.blocks.ram.capacity_bytes),
+    ("gauge", "ram_cache_blocks", "Blocks in the RAM tier", lambda s: s.blocks.ram.entries),
+    (
+        "counter",
+        "ram_cache_evictions",
+        "Blocks evicted from the RAM tier",
+        lambda s: s.blocks.ram.evictions,
+    ),
     # disk tier
-    ("counter", "disk_cache_hits", "Blocks found in the disk tier", "disk.hits"),
+    ("counter", "disk_cache_hits", "Blocks found in the disk tier", _disk(lambda d: d.hits)),
     (
         "counter",
         "disk_cache_misses",
         "Blocks looked for in the disk tier, not found",
-        "disk.misses",
+        _disk(lambda d: d.misses),
     ),
-    ("counter", "disk_cache_corrupt", "Disk tier files that failed verification", "disk.corrupt"),
+    (
+        "counter",
+        "disk_cache_corrupt",
+        "Disk tier files that failed verification",
+        _disk(lambda d: d.corrupt),
+    ),
     (
         "counter",
         "disk_cache_slow_inline_reads",
         "Times small disk tier reads on the event loop were slow (reads then move to threads)",
-        "disk.inline.slow_reads",
+        _disk(lambda d: d.inline.slow_reads),
     ),
-    ("gauge", "disk_cache_bytes", "Bytes in the disk tier", "disk.space.used_bytes"),
-    ("gauge", "disk_cache_limit_bytes", "Disk tier size", "disk.space.capacity_bytes"),
-    ("gauge", "disk_cache_blocks", "Blocks in the disk tier", "disk.space.entries"),
+    ("gauge", "disk_cache_bytes", "Bytes in the disk tier", _disk(lambda d: d.space.used_bytes)),
+    ("gauge", "disk_cache_limit_bytes", "Disk tier size", _disk(lambda d: d.space.capacity_bytes)),
+    ("gauge", "disk_cache_blocks", "Blocks in the disk tier", _disk(lambda d: d.space.entries)),
     (
         "gauge",
         "disk_write_queue_bytes",
         "Bytes waiting to be written to the disk tier",
-        "disk.writer.queued_bytes",
+        _disk(lambda d: d.writer.queued_bytes),
     ),
     (
         "gauge",
         "disk_write_queue_limit_bytes",
         "Disk write queue size",
-        "disk.writer.max_queue_bytes",
+        _disk(lambda d: d.writer.max_queue_bytes),
     ),
-    ("counter", "disk_blocks_written", "Blocks written to the disk tier", "disk.writer.written"),
+    (
+        "counter",
+        "disk_blocks_written",
+        "Blocks written to the disk tier",
+        _disk(lambda d: d.writer.written),
+    ),
     # read-order hints
-    ("counter", "hints_received", "Read-order hints received", "hints.received"),
-    ("counter", "hints_used", "Hinted files opened after their fetch started", "hints.used"),
-    ("counter", "hints_late", "Hints the reader overtook", "hints.late"),
-    ("counter", "hints_wasted", "Files fetched for hints and never opened", "hints.wasted"),
-    ("gauge", "hints_ahead_files", "Hinted files fetched ahead, not opened yet", "hints.ahead"),
+    ("counter", "hints_received", "Read-order hints received", lambda s: s.hints.received),
+    (
+        "counter",
+        "hints_used",
+        "Hinted files opened after their fetch started",
+        lambda s: s.hints.used,
+    ),
+    ("counter", "hints_late", "Hints the reader overtook", lambda s: s.hints.late),
+    (
+        "counter",
+        "hints_wasted",
+        "Files fetched for hints and never opened",
+        lambda s: s.hints.wasted,
+    ),
+    (
+        "gauge",
+        "hints_ahead_files",
+        "Hinted files fetched ahead, not opened yet",
+        lambda s: s.hints.ahead,
+    ),
     (
         "gauge",
         "hinted_bytes",
         "Bytes of hinted blocks held for their readers",
-        "blocks.hinted.held_bytes",
+        lambda s: s.blocks.hinted.held_bytes,
     ),
     (
         "counter",
         "hinted_dropped_bytes",
         "Bytes fetched for hints and never read",
-        "blocks.hinted.dropped_bytes",
+        lambda s: s.blocks.hinted.dropped_bytes,
     ),
     # whole-file mode
     (
         "counter",
         "whole_file_read_bytes",
         "Bytes served to readers from whole-file copies",
-        "whole_file.served_bytes",
+        _whole(lambda w: w.served_bytes),
     ),
     (
         "counter",
         "whole_file_downloads",
         "Files downloaded into the whole-file cache",
-        "whole_file.downloads",
+        _whole(lambda w: w.downloads),
     ),
     (
         "counter",
         "whole_file_downloaded_bytes",
         "Bytes downloaded into the whole-file cache",
-        "whole_file.downloaded_bytes",
+        _whole(lambda w: w.downloaded_bytes),
     ),
     (
         "counter",
         "whole_file_cached_opens",
         "Opens served by a file already in the whole-file cache",
-        "whole_file.cached_opens",
+        _whole(lambda w: w.cached_opens),
     ),
     (
         "counter",
         "whole_file_fallbacks",
         "Opens streamed in block mode because the file does not fit in the cache",
-        "whole_file.fallbacks",
+        _whole(lambda w: w.fallbacks),
     ),
     (
         "counter",
         "whole_file_failed_downloads",
         "Whole-file downloads that failed (the open got EIO)",
-        "whole_file.failed_downloads",
+        _whole(lambda w: w.failed_downloads),
     ),
     (
         "gauge",
         "whole_file_cache_bytes",
         "Bytes in the whole-file cache",
-        "whole_file.space.used_bytes",
+        _whole(lambda w: w.space.used_bytes),
     ),
     (
         "gauge",
         "whole_file_cache_limit_bytes",
         "Whole-file cache size",
-        "whole_file.space.capacity_bytes",
+        _whole(lambda w: w.space.capacity_bytes),
     ),
 )
 
-# (type, name, help, label, {label value: path})
-LABELLED: tuple[tuple[str, str, str, str, dict[str, str]], ...] = (
+# (type, name, help, label, {label value: figure})
+LABELLED: tuple[tuple[str, str, str, str, dict[str, Figure]], ...] = (
     (
         "counter",
         "block_lookups",
         "Blocks readers needed, by where they were found: the open file's buffer, the RAM "
         "tier, or a fetch (disk tier or storage) that the reader waited for",
         "source",
-        {"buffer": "blocks.buffer_hits", "ram": "blocks.ram_hits", "fetch": "blocks.storage_waits"},
+        {
+            "buffer": lambda s: s.blocks.buffer_hits,
+            "ram": lambda s: s.blocks.ram_hits,
+            "fetch": lambda s: s.blocks.storage_waits,
+        },
     ),
     (
         "counter",
@@ -207,9 +282,9 @@ LABELLED: tuple[tuple[str, str, str, str, dict[str, str]], ...] = (
         "Storage operations by kind (a retried operation counts once)",
         "operation",
         {
-            "range": "storage.range_requests",
-            "list": "storage.list_requests",
-            "properties": "storage.properties_requests",
+            "range": lambda s: s.storage.range_requests,
+            "list": lambda s: s.storage.list_requests,
+            "properties": lambda s: s.storage.properties_requests,
         },
     ),
     (
@@ -218,9 +293,9 @@ LABELLED: tuple[tuple[str, str, str, str, dict[str, str]], ...] = (
         "Blocks not written to the disk tier, by reason",
         "reason",
         {
-            "queue_full": "disk.writer.dropped_queue_full",
-            "no_space": "disk.writer.dropped_no_space",
-            "failed": "disk.writer.failed",
+            "queue_full": _disk(lambda d: d.writer.dropped_queue_full),
+            "no_space": _disk(lambda d: d.writer.dropped_no_space),
+            "failed": _disk(lambda d: d.writer.failed),
         },
     ),
 )
@@ -234,18 +309,6 @@ def metric_names() -> list[str]:
     return names
 
 
-def _get(s: Snapshot, path: str) -> float | None:
-    """The number at dotted `path` in the snapshot, or None where anything is missing."""
-    value: Any = s
-    for key in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _family(
     kind: str, name: str, doc: str, labels: list[str]
 ) -> CounterMetricFamily | GaugeMetricFamily:
@@ -253,40 +316,36 @@ def _family(
     return family_type(f"{PREFIX}_{name}", doc, labels=labels)
 
 
-def metric_families(s: Snapshot) -> list[Metric]:
+def metric_families(s: MountSnapshot) -> list[Metric]:
     """The metric families for one `blobmount stats` snapshot (pure; see docs/OPERATIONS.md)."""
     out: list[Metric] = []
     info = _family(
         "gauge", "mount_info", "The source (no secrets) and mount point", ["source", "mountpoint"]
     )
-    info.add_metric([str(s.get("source", "")), str(s.get("mountpoint", ""))], 1.0)
+    info.add_metric([s.source, s.mountpoint], 1.0)
     out.append(info)
-    for kind, name, doc, path in SIMPLE:
-        value = _get(s, path)
+    for kind, name, doc, figure in SIMPLE:
+        value = figure(s)
         if value is not None:
             family = _family(kind, name, doc, [])
-            family.add_metric([], value)
+            family.add_metric([], float(value))
             out.append(family)
-    for kind, name, doc, label, paths in LABELLED:
-        samples = [(key, v) for key, path in paths.items() if (v := _get(s, path)) is not None]
+    for kind, name, doc, label, figures in LABELLED:
+        samples = [(key, v) for key, figure in figures.items() if (v := figure(s)) is not None]
         if samples:
             family = _family(kind, name, doc, [label])
             for key, value in samples:
-                family.add_metric([key], value)
+                family.add_metric([key], float(value))
             out.append(family)
-    storage = s.get("storage")
-    errors = storage.get("errors") if isinstance(storage, dict) else None
-    if isinstance(errors, dict):
-        family = _family(
-            "counter",
-            "storage_errors",
-            "Storage operations that failed after retries, by kind",
-            ["kind"],
-        )
-        for kind, count in sorted(errors.items()):
-            if isinstance(count, int):
-                family.add_metric([str(kind)], float(count))
-        out.append(family)
+    family = _family(
+        "counter",
+        "storage_errors",
+        "Storage operations that failed after retries, by kind",
+        ["kind"],
+    )
+    for kind, count in sorted(s.storage.errors.items()):
+        family.add_metric([kind], float(count))
+    out.append(family)
     return out
 
 
@@ -294,7 +353,7 @@ class SnapshotCollector(Collector):
     """Collects from `snapshot()` at each scrape; yields nothing while there is no snapshot to
     take yet (the port is bound before the mount exists) or any more (unmounting)."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot] | None = None) -> None:
+    def __init__(self, snapshot: Callable[[], MountSnapshot] | None = None) -> None:
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
@@ -323,7 +382,7 @@ class MetricsServer:
         return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
 
     def publish(
-        self, snapshot: Callable[[], Snapshot], trio_token: trio.lowlevel.TrioToken | None
+        self, snapshot: Callable[[], MountSnapshot], trio_token: trio.lowlevel.TrioToken | None
     ) -> None:
         """Serve `snapshot()` from now on. With `trio_token`, each scrape runs it on that trio
         loop's thread (it must run there); without, on the HTTP thread."""
@@ -332,7 +391,7 @@ class MetricsServer:
             return
         token = trio_token
 
-        def on_trio_thread() -> Snapshot:
+        def on_trio_thread() -> MountSnapshot:
             return trio.from_thread.run_sync(snapshot, trio_token=token)
 
         self.collector.snapshot = on_trio_thread
@@ -394,7 +453,7 @@ class Metrics:
 
     server: MetricsServer | None
 
-    def publish(self, snapshot: Callable[[], Snapshot]) -> None:
+    def publish(self, snapshot: Callable[[], MountSnapshot]) -> None:
         """Serve `snapshot()` (called on the current trio thread) from now on."""
         if self.server is not None:
             self.server.publish(snapshot, trio.lowlevel.current_trio_token())

@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
-from blobmount.blocks.disk_tier import HEADER
+from blobmount.blocks.disk_tier import HEADER, DiskTierStats
 from blobmount.blocks.disk_writer import DiskWriterStats
 from blobmount.cachedir.pruner import PrunerStats
+from blobmount.snapshot import MountSnapshot
 from blobmount.warm.budget import (
     BLOCK_FILE_OVERHEAD,
     CacheView,
@@ -19,6 +20,8 @@ from blobmount.warm.budget import (
     Sizer,
     fits,
 )
+from blobmount.wholefile.cache import WholeFileStats
+from tests.unit.test_snapshot import distinct_snapshot
 
 KiB, MiB = 1024, 1024 * 1024
 B = 2 * MiB
@@ -27,7 +30,7 @@ UNIT = 4 * KiB
 FULL = B + UNIT
 
 
-def space(**kw: int) -> dict:
+def space(**kw: int) -> PrunerStats:
     base = PrunerStats(
         capacity_bytes=100 * MiB,
         used_bytes=0,
@@ -43,30 +46,34 @@ def space(**kw: int) -> dict:
         last_scan_s=0.0,
         disk_full=False,
     )
-    return dataclasses.asdict(dataclasses.replace(base, **kw))
+    return dataclasses.replace(base, **kw)
 
 
-def writer(**kw: int) -> dict:
+def writer(**kw: int) -> DiskWriterStats:
     fields = {f.name: 0 for f in dataclasses.fields(DiskWriterStats)}
-    return {**fields, "max_queue_bytes": 64 * MiB, "writers": 2, **kw}
+    return DiskWriterStats(**{**fields, "max_queue_bytes": 64 * MiB, "writers": 2, **kw})
 
 
-def snapshot(disk: dict | None = None, whole: dict | None = None) -> dict:
-    return {
-        "mountpoint": "/mnt/data",
-        "storage": {"range_requests": 7, "range_bytes": 7 * B},
-        "disk": disk,
-        "whole_file": whole,
-    }
+def snapshot(
+    disk: DiskTierStats | None = None, whole: WholeFileStats | None = None
+) -> MountSnapshot:
+    base = distinct_snapshot()
+    storage = dataclasses.replace(base.storage, range_requests=7, range_bytes=7 * B)
+    return dataclasses.replace(
+        base, mountpoint="/mnt/data", storage=storage, disk=disk, whole_file=whole
+    )
 
 
-def block_snapshot(space_kw: dict | None = None, **writer_kw: int) -> dict:
-    disk = {
-        "cache_dir": "/cache",
-        "block_size": B,
-        "writer": writer(**writer_kw),
-        "space": space(**(space_kw or {})),
-    }
+def block_snapshot(space_kw: dict | None = None, **writer_kw: int) -> MountSnapshot:
+    disk = distinct_snapshot().disk
+    assert disk is not None
+    disk = dataclasses.replace(
+        disk,
+        cache_dir="/cache",
+        block_size=B,
+        writer=writer(**writer_kw),
+        space=space(**(space_kw or {})),
+    )
     return snapshot(disk=disk)
 
 
@@ -96,7 +103,11 @@ def test_block_mode_view():
 
 
 def test_whole_file_mode_view():
-    whole = {"cache_dir": "/cache", "fallbacks": 2, "cached_opens": 5, "space": space()}
+    whole = distinct_snapshot().whole_file
+    assert whole is not None
+    whole = dataclasses.replace(
+        whole, cache_dir="/cache", fallbacks=2, cached_opens=5, space=space()
+    )
     view = CacheView.from_snapshot(snapshot(whole=whole))
     assert view.mode is Mode.WHOLE_FILE
     assert (view.not_cached_files, view.cached_opens, view.queued_bytes) == (2, 5, 0)

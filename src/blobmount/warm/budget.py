@@ -20,10 +20,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blobmount.cachedir.space import allocated_size
 from blobmount.errors import BlobmountError
+
+if TYPE_CHECKING:
+    from blobmount.cachedir.pruner import PrunerStats
+    from blobmount.snapshot import MountSnapshot
 
 #: a block file's fixed header (`blocks.disk_tier.HEADER`, 40 bytes) and its key: location,
 #: blob name and ETag, length-prefixed. Generous: it is rounded up to the allocation unit anyway
@@ -61,47 +65,47 @@ class CacheView:
     storage_bytes: int  # bytes they fetched
 
     @classmethod
-    def from_snapshot(cls, snapshot: dict[str, Any]) -> CacheView:
+    def from_snapshot(cls, snapshot: MountSnapshot) -> CacheView:
         """Raises NoDiskCache when the mount has no disk cache."""
-        storage = snapshot["storage"]
+        storage = snapshot.storage
         common = {
-            "storage_requests": storage["range_requests"],
-            "storage_bytes": storage["range_bytes"],
+            "storage_requests": storage.range_requests,
+            "storage_bytes": storage.range_bytes,
         }
-        whole, disk = snapshot.get("whole_file"), snapshot.get("disk")
-        if whole:
+        whole, disk = snapshot.whole_file, snapshot.disk
+        if whole is not None:
             return cls(
                 Mode.WHOLE_FILE,
-                whole["cache_dir"],
-                *_space(whole["space"]),
+                whole.cache_dir,
+                *_space(whole.space),
                 block_size=0,
                 queued_blocks=0,
                 queued_bytes=0,
                 max_queue_bytes=0,
                 not_written_blocks=0,
-                not_cached_files=whole["fallbacks"],
-                cached_opens=whole["cached_opens"],
+                not_cached_files=whole.fallbacks,
+                cached_opens=whole.cached_opens,
                 **common,
             )
-        if disk:
-            writer = disk["writer"]
+        if disk is not None:
+            writer = disk.writer
             return cls(
                 Mode.BLOCKS,
-                disk["cache_dir"],
-                *_space(disk["space"]),
-                block_size=disk["block_size"],
-                queued_blocks=writer["queued_blocks"],
-                queued_bytes=writer["queued_bytes"],
-                max_queue_bytes=writer["max_queue_bytes"],
-                not_written_blocks=writer["dropped_queue_full"]
-                + writer["dropped_no_space"]
-                + writer["failed"],
+                disk.cache_dir,
+                *_space(disk.space),
+                block_size=disk.block_size,
+                queued_blocks=writer.queued_blocks,
+                queued_bytes=writer.queued_bytes,
+                max_queue_bytes=writer.max_queue_bytes,
+                not_written_blocks=writer.dropped_queue_full
+                + writer.dropped_no_space
+                + writer.failed,
                 not_cached_files=0,
                 cached_opens=0,
                 **common,
             )
         raise NoDiskCache(
-            f"the mount at {snapshot['mountpoint']} keeps no cache on disk (the disk tier is off: "
+            f"the mount at {snapshot.mountpoint} keeps no cache on disk (the disk tier is off: "
             "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED=false, or DATASET_MOUNT_CACHE_SIZE=0 in "
             "whole-file mode), so there is nothing to warm"
         )
@@ -113,13 +117,8 @@ class CacheView:
         return self.queued_bytes * 2 > self.max_queue_bytes
 
 
-def _space(space: dict[str, Any]) -> tuple[int, int, int, int]:
-    return (
-        space["used_bytes"],
-        space["reserved_bytes"],
-        space["capacity_bytes"],
-        space["prune_start_bytes"],
-    )
+def _space(space: PrunerStats) -> tuple[int, int, int, int]:
+    return (space.used_bytes, space.reserved_bytes, space.capacity_bytes, space.prune_start_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,16 +7,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blobmount.cachedir.layout import free_bytes
 from blobmount.errors import BlobmountError
 from blobmount.warm.budget import DEFAULT_ALLOC_UNIT, CacheView, Ledger, Mode
 
+if TYPE_CHECKING:
+    from blobmount.snapshot import MountSnapshot
+
 #: how often the daemon's stats are read while warming
 POLL_S = 0.1
 
-StatsReader = Callable[[], dict[str, Any]]
+#: reads the daemon's stats (blocking); raises OSError once the mount stops answering
+StatsReader = Callable[[], "MountSnapshot"]
 
 
 class WarmAborted(BlobmountError):
