@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "download", "mount", "unmount"]
+__all__ = ["__version__", "download", "mount", "mount_stats", "unmount"]
 
 if TYPE_CHECKING:
     from blobmount.api import download as download
     from blobmount.api import mount as mount
+    from blobmount.api import mount_stats as mount_stats
     from blobmount.api import unmount as unmount
 
-_LAZY = ("download", "mount", "unmount")
+_LAZY = ("download", "mount", "mount_stats", "unmount")
 
 
 def __getattr__(name: str) -> Any:

@@ -7,8 +7,9 @@ Sizes take binary KB/MB/GB suffixes (see `blobmount.units`). See docs/CONFIGURAT
 
 `load_settings` is the entry point: it reads the environment (or a given mapping), applies
 command-line overrides, and turns every bad value into one `ConfigError` naming each variable,
-its value and what is allowed. Components never see `Settings`: the daemon copies what each needs
-into its own small config. Importing this module must not import pyfuse3 or the Azure SDK.
+its value and what is allowed. Components never see `Settings`: the composition layer
+(`blobmount.compose`) copies what each needs into its own small config. Importing this module
+must not import pyfuse3 or the Azure SDK.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from blobmount.cli.download import download
+from blobmount.compose.download import run_download as download
 from blobmount.download_mode.downloader import DownloadConfig
 from blobmount.download_mode.manifest import MANIFEST_NAME
 from blobmount.download_mode.staging import TMP_DIR_NAME

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import blobmount
-from blobmount.api import child_env, fuse_problem
 from blobmount.errors import ConfigError, SourceError
+from blobmount.launch import child_env, fuse_problem
 from blobmount.settings import load_settings
 
 

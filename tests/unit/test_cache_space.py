@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blobmount.blocks.disk_tier import disk_tier_config
+from blobmount.compose.configs import disk_tier_config
 from blobmount.cachedir.space import (
     AGE_RESOLUTION_S,
     AgeHistogram,

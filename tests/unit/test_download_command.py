@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from blobmount.cli import _parser
-from blobmount.cli.download import Outcome, download, exit_status
-from blobmount.download_mode.downloader import DownloadConfig
+from blobmount.cli import _parser, main
+from blobmount.cli.download import exit_status
+from blobmount.compose.download import Outcome, run_download
+from blobmount.download_mode.downloader import DownloadConfig, DownloadResult
 from blobmount.errors import StorageUnavailable
 from blobmount.settings import load_settings
 from blobmount.source import parse_source
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from tests.unit.test_download_downloader import Hooked
+from tests.unit.test_download_progress import stats
 
 
 def factory(storage):
@@ -75,8 +77,6 @@ def test_part_size_out_of_range_is_a_usage_error(capsys):
 
 
 def test_bad_threads_setting_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
-    from blobmount.cli import main
-
     monkeypatch.setenv("RSLEX_DOWNLOADER_THREADS", "0")
     assert main(["download", "az://cont", str(tmp_path / "d")]) == 1
     assert "RSLEX_DOWNLOADER_THREADS='0' is not valid" in capsys.readouterr().err
@@ -91,7 +91,9 @@ async def test_retries_follow_azureml_dataset_http_retry_count(tmp_path, retries
     faulty.fail_next("get_range", 2, lambda: StorageUnavailable("HTTP 503"))
     settings = load_settings({"AZUREML_DATASET_HTTP_RETRY_COUNT": retries})
     config = DownloadConfig(dest=tmp_path / "d", transfers=1)
-    outcome = await download(settings, parse_source("az://cont"), config, False, factory(faulty))
+    outcome = await run_download(
+        settings, parse_source("az://cont"), config, False, factory(faulty)
+    )
     assert outcome.result.ok is ok
     assert exit_status(outcome) == (0 if ok else 1)
     assert outcome.retries["retries"] == int(retries)  # the repeats, under one counted request
@@ -116,7 +118,9 @@ async def test_a_signal_stops_the_download_cleanly(tmp_path, signum):
     settings = load_settings({})
     config = DownloadConfig(dest=tmp_path / "d", transfers=2)
     storage = Hooked(mem, before)
-    outcome = await download(settings, parse_source("az://cont"), config, False, factory(storage))
+    outcome = await run_download(
+        settings, parse_source("az://cont"), config, False, factory(storage)
+    )
     assert outcome.interrupted == signal.Signals(signum).name
     assert exit_status(outcome) == 128 + signum
     names = sorted(os.listdir(tmp_path / "d"))
@@ -128,9 +132,6 @@ async def test_a_signal_stops_the_download_cleanly(tmp_path, signum):
 
 
 def test_exit_statuses():
-    from blobmount.download_mode.downloader import DownloadResult
-    from tests.unit.test_download_progress import stats
-
     clean = DownloadResult(stats(), (), None)
     assert exit_status(Outcome(clean, None, {}, {})) == 0
     assert exit_status(Outcome(DownloadResult(stats(failed=1), (), None), None, {}, {})) == 1
@@ -154,7 +155,5 @@ def test_bad_configs_are_refused(tmp_path, kw, message):
 
 
 def test_an_empty_filter_pattern_is_a_config_error(tmp_path, capsys):
-    from blobmount.cli import main
-
     assert main(["download", "az://cont", str(tmp_path / "d"), "--exclude", ""]) == 1
     assert "empty filter pattern" in capsys.readouterr().err

@@ -14,27 +14,40 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "blobmount"
 # package -> packages it must never import (lower layers never reach up)
 FORBIDDEN = {
     "storage": (
-        "blocks",
-        "wholefile",
-        "namespace",
-        "fs",
-        "daemon",
-        "cli",
-        "cachedir",
-        "download_mode",
+        *("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir", "download_mode"),
+        *("compose", "launch", "api", "warm"),
     ),
-    "cachedir": ("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "download_mode"),
-    "blocks": ("namespace", "fs", "daemon", "cli", "download_mode", "wholefile"),
-    "namespace": ("blocks", "fs", "daemon", "cli", "download_mode"),
-    "fs": ("daemon", "cli", "download_mode"),
-    "download_mode": ("fs", "blocks", "cli"),
+    "cachedir": (
+        *("blocks", "wholefile", "namespace", "fs", "daemon", "cli", "download_mode"),
+        *("compose", "launch", "api", "warm"),
+    ),
+    "blocks": (
+        *("namespace", "fs", "daemon", "cli", "download_mode", "wholefile"),
+        *("compose", "launch", "api", "warm"),
+    ),
+    "namespace": ("blocks", "fs", "daemon", "cli", "download_mode", "compose", "launch", "api"),
+    "fs": ("daemon", "cli", "download_mode", "compose", "launch", "api", "warm"),
+    "download_mode": ("fs", "blocks", "cli", "daemon", "compose", "launch", "api", "warm"),
+    "wholefile": ("fs", "daemon", "cli", "compose", "launch", "api", "warm"),
+    "hints": ("fs", "daemon", "cli", "compose", "launch", "api", "warm"),
+    # warm reads through a live mount (or one it starts via launch): never the stack itself
+    "warm": ("daemon", "cli", "api", "compose", "fs", "blocks", "wholefile", "download_mode"),
+    # the composition layer builds the parts; the process (daemon) and front ends sit above it
+    "compose": ("daemon", "cli", "api", "launch", "warm"),
+    # starting a daemon process needs none of the stack
+    "launch": (
+        *("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir"),
+        *("compose", "download_mode", "api", "warm"),
+    ),
     # the datastores file is read by the CLI, the API and storage/azure_auth: it stays low
     "datastores": (
         *("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli"),
-        *("cachedir", "download_mode", "api"),
+        *("cachedir", "download_mode", "api", "compose", "launch"),
     ),
-    # the Python API spawns the daemon as a process; it never imports the FUSE/storage stack
+    # the Python API spawns the daemon as a process and downloads through compose: it never
+    # imports the FUSE stack or another front end
     "api": ("storage", "blocks", "wholefile", "namespace", "fs", "daemon", "cli", "cachedir"),
+    "daemon": ("cli", "api"),
 }
 LEAVES = ("errors", "units", "source")  # import nothing from blobmount but each other
 

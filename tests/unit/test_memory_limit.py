@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blobmount.daemon import read_ahead_budget
+from blobmount.compose.configs import read_ahead_budget
 from blobmount.memory_limit import cgroup_limit_bytes, usable_memory_bytes
 from blobmount.settings import load_settings
 

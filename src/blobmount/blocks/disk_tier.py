@@ -35,12 +35,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
 from blobmount.blocks.disk_writer import DiskWriter, DiskWriterConfig, DiskWriterStats, WriteOutcome
-from blobmount.blocks.fetcher import DiskTier
 from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate, InlineReadStats
 from blobmount.blocks.keys import BlockKey
 from blobmount.cachedir.layout import (
@@ -53,9 +51,6 @@ from blobmount.cachedir.layout import (
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
-
-if TYPE_CHECKING:
-    from blobmount.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -228,24 +223,6 @@ class DiskTierConfig:
     inline_read_max_bytes: int = INLINE_MAX_BYTES
 
 
-def disk_tier_config(settings: Settings) -> DiskTierConfig:
-    return DiskTierConfig(
-        enabled=settings.block_file_cache_enabled,
-        root=settings.cache_dir,
-        block_size=settings.read_block_size,
-        space=SpaceConfig(
-            cache_size=settings.cache_size,
-            reserved_free_bytes=settings.reserved_free_disk_space,
-            prune_threshold=settings.file_cache_prune_threshold,
-            prune_target=settings.file_cache_prune_target,
-        ),
-        max_queue_bytes=settings.block_file_cache_max_queue_size,
-        write_threads=settings.block_file_cache_write_threads,
-        read_threads=settings.read_threads,
-        drain_timeout_s=float(settings.unmount_timeout_s),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class DiskTierStats:
     cache_dir: str
@@ -267,7 +244,7 @@ class DiskTierStats:
 class BlockDiskTier:
     """The disk tier of one mount (one location). Implements `blocks.fetcher.DiskTier`.
 
-    Build with `open_disk_tier`, which also runs its writer and pruner tasks.
+    Build with `open_block_disk_tier`, which also runs its writer and pruner tasks.
     """
 
     def __init__(
@@ -448,15 +425,3 @@ async def open_block_disk_tier(
                 left = tier.writer.statistics().queued_blocks
                 if left:
                     log.warning("disk cache: %d queued blocks not written at unmount", left)
-
-
-@asynccontextmanager
-async def open_disk_tier(settings: Settings, location: str) -> AsyncIterator[DiskTier | None]:
-    """The disk tier of a mount of `location` ("account/container"), configured by `settings`;
-    None when off or unusable. Owns its background tasks and stops them on exit."""
-    if not settings.block_based_cache_enabled:
-        log.info("whole-file mode: the block disk cache is off (files that do not fit stream)")
-        yield None
-        return
-    async with open_block_disk_tier(disk_tier_config(settings), location) as tier:
-        yield tier

@@ -22,10 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from blobmount.cachedir.layout import CacheLayout, DirLock, free_bytes
+from blobmount.settings import load_settings
+from blobmount.units import format_size
+
 log = logging.getLogger(__name__)
 
 
-def add_cache_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     cache = sub.add_parser(
         "cache",
         help="inspect or clear a disk cache directory",
@@ -46,11 +50,9 @@ def add_cache_parser(sub: Any) -> None:
     )
 
 
-def run_cache(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.dir
     if root is None:
-        from blobmount.settings import load_settings
-
         root = load_settings().cache_dir
     root = Path(root).absolute()
     if args.cache_command == "info":
@@ -62,8 +64,6 @@ def run_cache(args: argparse.Namespace) -> int:
 
 def cache_info(root: Path) -> dict[str, Any]:
     """What `cache info --json` prints. Read-only (stale temporaries are counted, not removed)."""
-    from blobmount.cachedir.layout import CacheLayout, free_bytes
-
     scan = CacheLayout(root).scan(remove_stale_temporaries=False)
     free, _ = free_bytes(root)
     locations = sorted(scan.locations.items(), key=lambda item: -item[1].size_bytes)
@@ -89,8 +89,6 @@ def cache_info(root: Path) -> dict[str, Any]:
 
 def in_use(root: Path) -> bool:
     """True if a live mount holds the directory."""
-    from blobmount.cachedir.layout import CacheLayout, DirLock
-
     lock = DirLock(CacheLayout(root).lock_path)
     if lock.acquire(shared=False):
         lock.release()
@@ -99,9 +97,6 @@ def in_use(root: Path) -> bool:
 
 
 def _info(root: Path, *, as_json: bool) -> int:
-    from blobmount.cachedir.layout import CacheLayout
-    from blobmount.units import format_size
-
     if not root.is_dir():
         print(f"blobmount: {root} does not exist", file=sys.stderr)
         return 1
@@ -133,9 +128,6 @@ def _info(root: Path, *, as_json: bool) -> int:
 
 
 def _clear(root: Path, *, force: bool) -> int:
-    from blobmount.cachedir.layout import CacheLayout, DirLock
-    from blobmount.units import format_size
-
     if not root.exists():
         print(f"blobmount: {root} does not exist; nothing to clear")
         return 0

@@ -1,7 +1,7 @@
 """`blobmount download URI DEST`: the command line of download mode.
 
-Same URI forms, credentials and settings as `mount` (the storage stack comes from
-`daemon.open_azure_storage`, wrapped for retries and counting as the mount wraps it).
+Same URI forms, credentials and settings as `mount`; the run itself (the storage stack under a
+`Downloader`, signals) is `blobmount.compose.download`, shared with the Python API.
 RSLEX_DOWNLOADER_THREADS sets the transfers in flight, AZUREML_DATASET_HTTP_RETRY_COUNT the
 retries. Progress goes to stderr (a bar on a terminal, log lines otherwise); the summary goes
 to stdout, as text or, with --json, as one JSON object.
@@ -18,29 +18,18 @@ import json
 import logging
 import signal
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from blobmount.download_mode.downloader import DownloadConfig, Downloader, DownloadResult
-from blobmount.download_mode.progress import (
-    BarReporter,
-    make_reporter,
-    report_progress,
-    summary_json,
-    summary_lines,
-)
+from blobmount.compose.download import Outcome, download_config, run_download
+from blobmount.datastores import resolve_source
+from blobmount.download_mode.progress import summary_json, summary_lines
 from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
-from blobmount.errors import BlobmountError, ConfigError
-from blobmount.progress import logging_around
+from blobmount.logs import setup_logging
+from blobmount.settings import load_settings
 from blobmount.units import KiB, MiB, format_size, parse_size
-
-if TYPE_CHECKING:
-    from blobmount.daemon import StorageFactory
-    from blobmount.settings import Settings
-    from blobmount.source import SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +49,7 @@ def _part_size(text: str) -> int:
     return size
 
 
-def add_download_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "download",
         help="copy a container or prefix to a local folder",
@@ -120,41 +109,26 @@ def add_download_parser(sub: Any) -> None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    result: DownloadResult
-    interrupted: str | None  # the signal's name, when one stopped the download
-    requests: dict[str, Any]  # storage request counts (CountingStorageClient)
-    retries: dict[str, Any]
-
-
 def exit_status(outcome: Outcome) -> int:
     if outcome.interrupted is not None:
         return 128 + int(signal.Signals[outcome.interrupted])
     return 0 if outcome.result.ok else 1
 
 
-def run_download(args: argparse.Namespace) -> int:
-    from blobmount.datastores import resolve_source
-    from blobmount.logs import setup_logging
-    from blobmount.settings import load_settings
-
+def run(args: argparse.Namespace) -> int:
     settings = load_settings(downloader_threads=args.threads, anonymous=args.anonymous)
     spec = resolve_source(args.uri)
     setup_logging(settings.log_level, stderr=True)
-    try:
-        config = DownloadConfig(
-            dest=args.dest.absolute(),
-            prefix=spec.prefix,
-            transfers=settings.downloader_threads,
-            part_size=args.part_size,
-            verify=args.verify,
-            includes=tuple(args.include),
-            excludes=tuple(args.exclude),
-            direct_io=not args.page_cache,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    config = download_config(
+        settings,
+        spec,
+        args.dest,
+        part_size=args.part_size,
+        verify=args.verify,
+        includes=tuple(args.include),
+        excludes=tuple(args.exclude),
+        direct_io=not args.page_cache,
+    )
     log.info(
         "downloading %s to %s (%d transfers, parts of %s)",
         spec.display,
@@ -162,7 +136,7 @@ def run_download(args: argparse.Namespace) -> int:
         config.transfers,
         format_size(config.part_size),
     )
-    outcome = trio.run(download, settings, spec, config, not args.no_progress)
+    outcome = trio.run(run_download, settings, spec, config, not args.no_progress)
     if args.json:
         extra = {"requests": outcome.requests, "retries": outcome.retries}
         summary = summary_json(outcome.result, interrupted=outcome.interrupted, extra=extra)
@@ -172,64 +146,3 @@ def run_download(args: argparse.Namespace) -> int:
             print(f"blobmount: {line}")
     sys.stdout.flush()
     return exit_status(outcome)
-
-
-async def download(
-    settings: Settings,
-    spec: SourceSpec,
-    config: DownloadConfig,
-    progress: bool = True,
-    storage_factory: StorageFactory | None = None,
-) -> Outcome:
-    """Open the storage stack the mount uses, run a Downloader, stop cleanly on SIGINT/SIGTERM.
-
-    `storage_factory` replaces the Azure client (tests pass the in-memory store); retries
-    (AZUREML_DATASET_HTTP_RETRY_COUNT) and request counting are wrapped around it either way.
-    Must run in the main thread (it installs signal handlers).
-
-    Raises:
-        BlobmountError: the download could not start (bad destination, credentials...).
-    """
-    from blobmount.daemon import open_azure_storage
-    from blobmount.storage.counting import CountingStorageClient
-    from blobmount.storage.retry import RetryingStorageClient
-
-    opener = storage_factory or (lambda: open_azure_storage(settings, spec))
-    reporter = make_reporter(enabled=progress)
-    interrupted: str | None = None
-    failed_to_start: BlobmountError | None = None
-    async with opener() as azure:
-        retrying = RetryingStorageClient(azure, retries=settings.http_retry_count)
-        storage = CountingStorageClient(retrying)
-        downloader = Downloader(storage, config)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-
-                async def on_signal() -> None:
-                    nonlocal interrupted
-                    async for signum in signals:
-                        interrupted = signal.Signals(signum).name
-                        log.info("%s: stopping; completed files are kept", interrupted)
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(on_signal)
-                if reporter is not None:
-                    nursery.start_soon(report_progress, downloader.statistics, reporter)
-                try:
-                    with logging_around(isinstance(reporter, BarReporter)):
-                        await downloader.run()
-                except BlobmountError as exc:
-                    # kept out of the nursery, which would wrap it in an ExceptionGroup
-                    failed_to_start = exc
-                nursery.cancel_scope.cancel()
-        if reporter is not None:
-            reporter.close(downloader.statistics())
-    if failed_to_start is not None:
-        raise failed_to_start
-    return Outcome(
-        downloader.result(),
-        interrupted,
-        asdict(storage.statistics()),
-        asdict(retrying.statistics()),
-    )

@@ -47,7 +47,6 @@ from azure.core.exceptions import (
     ServiceResponseTimeoutError,
 )
 
-from blobmount import __version__
 from blobmount.errors import (
     BlobChanged,
     BlobmountError,
@@ -72,7 +71,9 @@ API_VERSION = "2024-08-04"
 #: aiohttp's read buffer per connection: at its default (256 KiB) a 2 MiB body makes the
 #: transport pause and resume reading several times
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
-_USER_AGENT = f"blobmount/{__version__} aiohttp/{aiohttp.__version__}"
+#: the product named in the User-Agent header when the caller gives none (the composition
+#: layer gives "blobmount/<version>"); aiohttp's own token is added after it
+DEFAULT_USER_AGENT = "blobmount"
 #: characters left as they are in a blob name in a URL path (as the SDK does)
 _PATH_SAFE = "/~"
 
@@ -288,6 +289,7 @@ class AzureStorageClient(StorageClient):
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 64,
+        user_agent: str = DEFAULT_USER_AGENT,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
@@ -301,6 +303,7 @@ class AzureStorageClient(StorageClient):
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
+        self._user_agent = f"{user_agent} aiohttp/{aiohttp.__version__}"
         self._own_bridge = bridge is None
         self._bridge = bridge if bridge is not None else AsyncioBridge().start()
         # created and used on the loop thread only
@@ -331,7 +334,7 @@ class AzureStorageClient(StorageClient):
                     sock_connect=self._connect_timeout_s,
                     sock_read=self._read_timeout_s,
                 ),
-                headers={"x-ms-version": API_VERSION, "User-Agent": _USER_AGENT},
+                headers={"x-ms-version": API_VERSION, "User-Agent": self._user_agent},
             )
         return self._http
 

@@ -6,7 +6,8 @@
 - `reading`: the reads through the mount, and the listing that runs ahead of them;
 - `warmer`: the threads together: take the next file, check it fits, hand it to a reader;
 - `report`: the progress bar or log lines, and the summary;
-- `command`: the command line, on a mount point or on a URI mounted for the occasion.
+- `runner`: a warm-up on a live mount, or on a URI mounted for the occasion (the command line
+  is `blobmount.cli.warm`).
 
 See docs/WARM.md.
 """

@@ -51,7 +51,6 @@ from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
 from blobmount.download_mode.transfer import DEFAULT_PART_SIZE, TransferConfig, Transfers
 from blobmount.errors import BlobChanged
-from blobmount.settings import Settings
 from blobmount.storage.base import BlobProps, StorageClient
 from blobmount.units import format_size
 
@@ -74,19 +73,6 @@ class WholeFileConfig:
     download_slots: int
     part_size: int = DEFAULT_PART_SIZE
     rescan_interval_s: float = 300.0
-
-
-def whole_file_config(settings: Settings) -> WholeFileConfig:
-    return WholeFileConfig(
-        root=settings.cache_dir,
-        space=SpaceConfig(
-            cache_size=settings.cache_size,
-            reserved_free_bytes=settings.reserved_free_disk_space,
-            prune_threshold=settings.file_cache_prune_threshold,
-            prune_target=settings.file_cache_prune_target,
-        ),
-        download_slots=settings.read_threads,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,19 +481,6 @@ def _unlink(path: Path) -> int:
 
 
 # -- lifetime ----------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def open_whole_file_mode(
-    settings: Settings, storage: StorageClient
-) -> AsyncIterator[WholeFileCache | None]:
-    """The mount's whole-file cache when DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false, else
-    None (block mode)."""
-    if settings.block_based_cache_enabled:
-        yield None
-        return
-    async with open_whole_file_cache(storage, whole_file_config(settings), storage.location) as c:
-        yield c
 
 
 @asynccontextmanager
