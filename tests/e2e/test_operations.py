@@ -460,7 +460,7 @@ def test_logs_hold_no_credentials(
         assert any(m.startswith("mounted ") for m in messages)
         assert messages[-1].startswith("unmounted ")
     else:
-        assert re.search(r"^\S+ \S+ INFO    blobmount\.daemon: settings: ", text, re.M)
+        assert re.search(r"^\S+ \S+ INFO    blobmount\.compose\.storage: settings: ", text, re.M)
 
 
 # --- the sidecar entrypoint, outside a container ----------------------------------------

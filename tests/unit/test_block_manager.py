@@ -4,8 +4,9 @@ import pytest
 import trio
 import trio.testing
 
+from blobmount.blocks.handles import MAX_CLOSED_STARTS
 from blobmount.blocks.keys import BlobVersion
-from blobmount.blocks.manager import MAX_CLOSED_STARTS, BlockManager, BlockManagerConfig
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobChanged, StorageUnavailable
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
@@ -399,8 +400,9 @@ async def test_a_handles_own_first_read_does_not_limit_its_read_ahead(nursery):
     reader = mgr.open(version)
     await mgr.read(reader, 20 * B, 100)
     other = mgr.open(version)
-    assert mgr._others_start_in(other, range(15, 25)) == 20  # another handle stops there
-    assert mgr._others_start_in(reader, range(15, 25)) is None  # it does not stop itself
+    handles = mgr.scheduler.open_handles
+    assert handles.others_start_in(other, range(15, 25)) == 20  # another handle stops there
+    assert handles.others_start_in(reader, range(15, 25)) is None  # it does not stop itself
     assert await read_part(mgr, reader, 0, 40) == data
     for handle in (reader, other):
         mgr.close(handle)
@@ -414,7 +416,8 @@ async def test_starts_of_closed_readers_are_bounded_and_forgotten(nursery):
         await mgr.read(handle, block * B, 10)
         await mgr.read(handle, (block + 1) * B, 10)
         mgr.close(handle)
-    readers = mgr._readers[(version.name, version.etag)]
+    readers = mgr.scheduler.open_handles.of(version)
+    assert readers is not None
     assert len(readers.closed_starts) == MAX_CLOSED_STARTS
     for block in range(300, 400, 2):  # a random read's handle is not remembered once closed
         handle = mgr.open(version)
@@ -422,7 +425,7 @@ async def test_starts_of_closed_readers_are_bounded_and_forgotten(nursery):
         mgr.close(handle)
     assert max(readers.closed_starts) < 300
     mgr.close(keep)
-    assert not mgr._readers  # the file is closed: nothing about it is kept
+    assert not mgr.scheduler.open_handles  # the file is closed: nothing about it is kept
 
 
 async def test_a_reader_carrying_on_into_another_part_gets_read_ahead_back(nursery):

@@ -4,7 +4,7 @@ Hinted blocks live here, not in the RAM tier: a hint that is wrong, or early, mu
 out data a reader is about to use, and with `DATASET_MOUNT_MEMORY_CACHE_SIZE=0` (the seed's
 setting for one-pass small files) there is no RAM tier to put them in. The store is bounded in
 bytes (DATASET_MOUNT_HINT_MEMORY_LIMIT): room is reserved before a fetch starts, so blocks in
-flight count too. A block leaves when a reader takes it (the block manager moves it into that
+flight count too. A block leaves when a reader takes it (the read assembler moves it into that
 handle's buffer), when its file is closed, or when the hint coordinator gives up on its file.
 """
 

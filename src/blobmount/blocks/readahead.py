@@ -6,8 +6,8 @@ A stream earns read-ahead by reading forward: a read that starts a new stream aw
 of the file prefetches nothing (random reads waste nothing); each step forward into a new block
 doubles the window, up to DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT blocks.
 
-`starts()` tells where this handle's readers began: the block manager stops other handles'
-read-ahead of the same file there (see BlockManager._schedule).
+`starts()` tells where this handle's readers began: the read-ahead scheduler stops other
+handles' read-ahead of the same file there (see OpenHandles.others_start_in).
 """
 
 from __future__ import annotations
