@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from blobmount._version import __version__
 
 __all__ = ["__version__", "download", "mount", "mount_stats", "unmount"]
 
@@ -32,6 +32,7 @@ _LAZY = ("download", "mount", "mount_stats", "unmount")
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        # lazy: the API loads pydantic and trio, which `import blobmount` must not pay for
         from blobmount import api
 
         return getattr(api, name)

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import IO, Any, Generic, TypeVar, cast
 
+from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
+
 from blobmount.units import format_size
 
 #: how often a progress log line is written when not on a terminal
@@ -26,8 +29,6 @@ class ByteBar:
     rest (files, state)."""
 
     def __init__(self, stream: IO[str], desc: str, mininterval: float = 0.1) -> None:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-
         self._bar: Any = tqdm(
             total=0,
             unit="B",
@@ -86,6 +87,4 @@ def logging_around(drawing: bool) -> AbstractContextManager[Any]:
     """While a bar is drawn, log lines go through tqdm so they do not tear it."""
     if not drawing:
         return nullcontext()
-    from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
-
     return cast(AbstractContextManager[Any], logging_redirect_tqdm())

@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Any, Protocol
 
-from blobmount import __version__
+from blobmount._version import __version__
 from blobmount.cli import cache, config, datastores, download, mount, stats, unmount, warm
 from blobmount.errors import BlobmountError
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
-from blobmount import __version__
+from blobmount._version import __version__
 from blobmount.errors import StorageError
 from blobmount.settings import Settings, describe
 from blobmount.source import SourceSpec

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
+from blobmount.datastores import credential_secret
 from blobmount.errors import ConfigError, CredentialError
 from blobmount.source import CredentialRef, SourceSpec
 from blobmount.storage._aio_bridge import AsyncioBridge
@@ -198,9 +199,6 @@ def _account_and_endpoint(spec: SourceSpec, env: Mapping[str, str]) -> tuple[str
 
 def _from_datastore(spec: SourceSpec, ref: CredentialRef, env: Mapping[str, str]) -> AzureAccess:
     """Access for an azureml:// source: the datastore's credential reference decides alone."""
-    # imported here: only azureml:// sources need the datastores module
-    from blobmount.datastores import credential_secret
-
     assert spec.account is not None  # resolve_datastore always sets it
     secret = credential_secret(ref, env)
     if ref.kind == "connection_string_env":
@@ -218,6 +216,7 @@ def _from_datastore(spec: SourceSpec, ref: CredentialRef, env: Mapping[str, str]
         assert secret is not None
         credential = AzureSasCredential(secret.lstrip("?"))
     elif ref.kind == "azure_ad":
+        # lazy: azure.identity is heavy and only Azure AD credentials need it
         from azure.identity.aio import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
@@ -259,7 +258,7 @@ def resolve_access(
         return AzureAccess(account_url, account, spec.container, None, "anonymous")
 
     if urlsplit(account_url).scheme == "https":
-        # imported here: azure.identity is heavy and only this branch needs it
+        # lazy: azure.identity is heavy and only this branch needs it
         from azure.identity.aio import DefaultAzureCredential
 
         return AzureAccess(

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import http.client
 import logging
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -35,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from azure.core.credentials import AzureNamedKeyCredential
@@ -266,6 +269,7 @@ class AzuriteServer:
 
     def credential(self) -> AzureNamedKeyCredential:
         """A fresh shared-key credential for the emulator account."""
+        # lazy: the Azure SDK loads only when the emulator is filled
         from azure.core.credentials import AzureNamedKeyCredential
 
         return AzureNamedKeyCredential(ACCOUNT, ACCOUNT_KEY)
@@ -275,6 +279,7 @@ class AzuriteServer:
     def _svc(self) -> BlobServiceClient:
         with self._lock:
             if self._service is None:
+                # lazy: the Azure SDK loads only when the emulator is filled
                 from azure.storage.blob import BlobServiceClient
 
                 self._service = BlobServiceClient.from_connection_string(
@@ -286,12 +291,14 @@ class AzuriteServer:
 
     def create_container(self, name: str, *, public: bool = False) -> None:
         """Create `name` (no error if it exists); `public` lets anyone list and read it."""
+        # lazy: the Azure SDK loads only when the emulator is filled
         from azure.core.exceptions import ResourceExistsError
 
         with contextlib.suppress(ResourceExistsError):
             self._svc().create_container(name, public_access="container" if public else None)
 
     def delete_container(self, name: str) -> None:
+        # lazy: the Azure SDK loads only when the emulator is filled
         from azure.core.exceptions import ResourceNotFoundError
 
         with contextlib.suppress(ResourceNotFoundError):
@@ -338,12 +345,7 @@ class AzuriteServer:
         """Upload blobs fast: plain Put Blob requests with a container SAS over kept-alive
         connections, skipping the SDK's per-request pipeline (which costs more CPU than Azurite
         itself for small blobs). Returns the ETags, in the order of `items`."""
-        import datetime
-        import http.client
-        import queue
-        import threading
-        from urllib.parse import quote
-
+        # lazy: the Azure SDK loads only when the emulator is filled
         from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
         key = self.connection_string.split("AccountKey=")[1].split(";")[0]
