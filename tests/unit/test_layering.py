@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stats",),
     # Settings: only the composition layer and what stands above it may see it
     ("settings",),
-    ("compose", "metrics", "launch"),
+    ("compose", "metrics", "launch", "fuse_processes"),
     ("daemon", "warm", "api"),
     ("cli",),
     # entry points and what ships for trying blobmount: nothing imports them
@@ -43,7 +43,7 @@ LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 
 # third-party modules confined to the modules that adapt them
 CONFINED = {
-    "pyfuse3": {"fs/fuse_ops.py", "daemon.py"},
+    "pyfuse3": {"fs/fuse_ops.py", "daemon.py", "fuse_processes.py"},
     "azure": {
         *("storage/azure.py", "storage/azure_auth.py", "storage/rest_auth.py"),
         "testing/azurite.py",
