@@ -492,6 +492,9 @@ def resolve_datastore(
 def resolve_source(uri: str, env: Mapping[str, str] | None = None) -> SourceSpec:
     """Parse any source URI; azureml:// ones are resolved through the datastores file.
 
+    A synthetic:// URI (made-up data for tests and benchmarks) is parsed like the other forms:
+    it names no datastore and needs no credentials, so nothing is read or looked up for it.
+
     Raises:
         SourceError, ConfigError, CredentialError: see `parse_source` and `resolve_datastore`.
     """

@@ -7,11 +7,17 @@ Accepted forms (see docs/CONFIGURATION.md):
     wasbs://<container>@<account>.blob.core.windows.net[/<prefix>]
     azureml://datastores/<name>/paths/<prefix>
     azureml://subscriptions/<sub>/resourcegroups/<rg>/workspaces/<ws>/datastores/<name>/paths/<prefix>
+    synthetic://<name>[/<prefix>][?small_files=..&small_size=..&per_folder=..&large_files=..
+        &large_size=..&seed=..]                      (made-up data for tests and benchmarks)
 
 An azureml:// URI names a datastore, not a container: `parse_datastore_uri` turns it into a
 `DatastoreRef`, and `blobmount.datastores.resolve_source` looks the name up in the datastores
 file to build the `SourceSpec` (with the datastore's `CredentialRef`). `parse_source` alone refuses
 azureml:// because it reads no files. Errors echo the URI with secrets masked (`redact_uri`).
+
+A synthetic:// URI reaches no storage at all: it describes a made-up container whose names and
+bytes follow from its query (`blobmount.storage.synthetic`), for tests and benchmarks that must
+measure the mount rather than a storage emulator. It needs no credentials.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from typing import Literal
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 from blobmount.errors import SourceError
+from blobmount.units import parse_size
 
 __all__ = [
     "DATASTORE_NAME_RE",
+    "SYNTHETIC_KEYS",
     "CredentialKind",
     "CredentialRef",
     "DatastoreRef",
@@ -33,6 +41,7 @@ __all__ = [
     "is_datastore_uri",
     "parse_datastore_uri",
     "parse_source",
+    "parse_synthetic_query",
     "redact_uri",
 ]
 
@@ -100,6 +109,10 @@ class SourceSpec:
     For an azureml:// source (scheme 'azureml'), `datastore` is the datastore's name and
     `credential` says how that datastore authenticates; it wins over the AZURE_STORAGE_*
     variables. `account_url` is then the datastore's endpoint, or None for "the default one".
+
+    For a synthetic:// source (scheme 'synthetic'), `container` is the name after the scheme and
+    `synthetic_query` the dataset's description in canonical form (every key given, in
+    `SYNTHETIC_KEYS` order, sizes in bytes; '' when the URI had no query); nothing else is set.
     """
 
     scheme: str
@@ -110,6 +123,7 @@ class SourceSpec:
     sas_token: str | None = None
     datastore: str | None = None
     credential: CredentialRef | None = None
+    synthetic_query: str | None = None
 
     @property
     def display(self) -> str:
@@ -117,6 +131,10 @@ class SourceSpec:
         if self.datastore is not None:
             path = quote(self.prefix.rstrip("/"), safe="/")
             return f"azureml://datastores/{self.datastore}/paths/{path}"
+        if self.synthetic_query is not None:
+            path = quote(f"{self.container}/{self.prefix}".rstrip("/"), safe="/")
+            query = f"?{self.synthetic_query}" if self.synthetic_query else ""
+            return f"synthetic://{path}{query}"
         base = self.account_url or f"{self.scheme}://"
         sep = "/" if self.account_url else ""
         return f"{base}{sep}{self.container}/{self.prefix}".rstrip("/")
@@ -131,6 +149,8 @@ class SourceSpec:
         )
         if self.datastore is not None:
             text += f", datastore={self.datastore!r}, credential={self.credential!r}"
+        if self.synthetic_query is not None:
+            text += f", synthetic_query={self.synthetic_query!r}"
         return text + ")"
 
 
@@ -211,6 +231,8 @@ def parse_source(uri: str) -> SourceSpec:
             "an azureml:// URI names a datastore, which must be resolved through the "
             "datastores file (blobmount.datastores.resolve_source)",
         )
+    if scheme == "synthetic":
+        return _parse_synthetic(uri, text)
     if scheme not in {"az", "http", "https", "wasb", "wasbs"}:
         raise _error(uri, f"unsupported scheme {scheme + '://'!r}; expected {_FORMS}")
     try:
@@ -387,6 +409,71 @@ def _prefix(uri: str, raw: str) -> str:
     if len(prefix) > _MAX_BLOB_NAME:
         raise _error(uri, f"the prefix is longer than {_MAX_BLOB_NAME} characters")
     return prefix
+
+
+# -- synthetic:// -------------------------------------------------------------------------
+
+#: what a synthetic:// query may set, in canonical order (see blobmount.storage.synthetic)
+SYNTHETIC_KEYS = ("small_files", "small_size", "per_folder", "large_files", "large_size", "seed")
+
+
+def parse_synthetic_query(query: str) -> dict[str, int]:
+    """The settings a synthetic:// query gives, by key; sizes (`*_size`) accept units ('25KB').
+
+    Only the syntax is checked here (known keys, each once, non-negative whole numbers); what
+    a dataset may hold is `blobmount.storage.synthetic.SyntheticDataset`'s to say.
+
+    Raises:
+        SourceError: an unknown or repeated key, or a value that is not such a number.
+    """
+    values: dict[str, int] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:  # a field without '='
+        raise SourceError(f"synthetic:// query {query!r} is not key=value pairs") from None
+    for key, text in pairs:
+        if key not in SYNTHETIC_KEYS:
+            raise SourceError(
+                f"synthetic:// has no setting {key!r}; known: {', '.join(SYNTHETIC_KEYS)}"
+            )
+        if key in values:
+            raise SourceError(f"synthetic:// sets {key} twice")
+        values[key] = _whole_number(key, text)
+    return values
+
+
+def _whole_number(key: str, text: str) -> int:
+    try:
+        value = parse_size(text) if key.endswith("_size") else int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise SourceError(f"synthetic:// {key}={text!r} is not a non-negative whole number")
+    return value
+
+
+def _parse_synthetic(uri: str, text: str) -> SourceSpec:
+    body, _, query = text[len("synthetic://") :].partition("?")
+    if "#" in text:
+        raise _error(uri, "it has a '#' fragment")
+    name_raw, _, path = body.partition("/")
+    name = unquote(name_raw)
+    if not name:
+        raise _error(uri, "no name: expected synthetic://<name>[/<prefix>][?<dataset>]")
+    problem = container_problem(name)
+    if problem is not None:
+        raise _error(uri, problem.replace("container name", "synthetic:// name", 1))
+    try:
+        values = parse_synthetic_query(query)
+    except SourceError as exc:
+        raise _error(uri, str(exc)) from None
+    canonical = "&".join(f"{key}={values[key]}" for key in SYNTHETIC_KEYS if key in values)
+    return SourceSpec(
+        scheme="synthetic",
+        container=name,
+        prefix=_prefix(uri, path),
+        synthetic_query=canonical,
+    )
 
 
 # -- azureml:// ---------------------------------------------------------------------------

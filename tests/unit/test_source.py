@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from blobmount.datastores import DATASTORES_FILE_VAR, resolve_source
 from blobmount.errors import SourceError
 from blobmount.source import (
     CredentialRef,
@@ -442,3 +443,76 @@ def test_redact_uri() -> None:
         "wasbs://data@acct.blob.core.windows.net/x"
     )
     assert redact_uri("http://127.0.0.1:10000/a/b") == "http://127.0.0.1:10000/a/b"
+
+
+# -- synthetic:// (made-up data for tests and benchmarks) ----------------------------------
+
+BENCH_QUERY = "small_files=300&small_size=25000&per_folder=100&large_files=1&large_size=20MB"
+
+
+@pytest.mark.parametrize(
+    ("uri", "prefix", "query"),
+    [
+        ("synthetic://bench", "", ""),
+        ("synthetic://bench/", "", ""),
+        ("SYNTHETIC://bench/small/d0001", "small/d0001/", ""),
+        ("  synthetic://bench/small/?seed=3 ", "small/", "seed=3"),
+        # canonical: keys in a fixed order, sizes in bytes
+        (
+            f"synthetic://bench?{BENCH_QUERY}",
+            "",
+            "small_files=300&small_size=25000&per_folder=100&large_files=1&large_size=20971520",
+        ),
+        ("synthetic://bench?seed=2&small_size=2KB", "", "small_size=2048&seed=2"),
+        ("synthetic://bench/large?large_files=2", "large/", "large_files=2"),
+    ],
+)
+def test_synthetic(uri: str, prefix: str, query: str) -> None:
+    spec = parse_source(uri)
+    assert spec == SourceSpec("synthetic", "bench", prefix, synthetic_query=query)
+    # nothing that would lead anyone to look for an account or a credential
+    assert (spec.account, spec.account_url, spec.sas_token, spec.datastore) == (None,) * 4
+
+
+def test_synthetic_display_reads_back_as_the_same_source() -> None:
+    spec = parse_source(f"synthetic://bench/small?{BENCH_QUERY}")
+    assert spec.display == (
+        "synthetic://bench/small?small_files=300&small_size=25000&per_folder=100&large_files=1"
+        "&large_size=20971520"
+    )
+    assert parse_source(spec.display) == spec
+    assert parse_source("synthetic://bench").display == "synthetic://bench"
+    assert "synthetic_query='seed=4'" in repr(parse_source("synthetic://bench?seed=4"))
+
+
+def test_synthetic_is_resolved_without_the_datastores_file(tmp_path) -> None:
+    # a datastores file that does not parse: resolving a synthetic:// URI must not read it
+    broken = tmp_path / "datastores.yaml"
+    broken.write_text(": : not yaml [")
+    env = {DATASTORES_FILE_VAR: str(broken), "AZURE_STORAGE_ACCOUNT": "acct"}
+    spec = resolve_source(f"synthetic://bench?{BENCH_QUERY}", env)
+    assert spec == parse_source(f"synthetic://bench?{BENCH_QUERY}")
+    assert spec.credential is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "complaint"),
+    [
+        ("synthetic://", "no name"),
+        ("synthetic:///x", "no name"),
+        ("synthetic://Bench", "synthetic:// name 'Bench' is not valid"),
+        ("synthetic://bench//x", "empty path segment"),
+        ("synthetic://bench/../x", "'..' segment"),
+        ("synthetic://bench?colour=blue", "no setting 'colour'"),
+        ("synthetic://bench?small_files", "not key=value pairs"),
+        ("synthetic://bench?small_files=ten", "small_files='ten' is not a non-negative"),
+        ("synthetic://bench?small_files=-1", "is not a non-negative whole number"),
+        ("synthetic://bench?small_size=1.5", "is not a non-negative whole number"),
+        ("synthetic://bench?seed=1&seed=2", "sets seed twice"),
+        ("synthetic://bench?seed=1#x", "fragment"),
+    ],
+)
+def test_synthetic_refusals(uri: str, complaint: str) -> None:
+    with pytest.raises(SourceError, match=complaint) as info:
+        parse_source(uri)
+    assert repr(uri.strip()) in str(info.value)
