@@ -95,3 +95,20 @@ pre-pr: fmt lint typecheck test-unit
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .demo benchmarks/results
+
+# -- release checks ---------------------------------------------------------------------------
+.PHONY: deps-check wheel-smoke
+
+# every module src/ imports is a declared dependency, and every declared one is used ([tool.deptry])
+deps-check: venv
+	$(VENV)/bin/deptry src
+
+# build the sdist and the wheel, install the wheel into a clean venv, mount the demo with it
+wheel-smoke: setup
+	.ci/wheel-smoke
+
+# the release's sdist and wheel in dist/ (what docker/Dockerfile installs); old ones removed
+.PHONY: dist
+dist: venv
+	rm -rf dist
+	$(PY) -m build --outdir dist .

@@ -14,7 +14,7 @@ set -eu
 MOUNTPOINT="${MOUNTPOINT:-/mnt/share/data}"
 if [ -z "${BLOBMOUNT_SOURCE_URI:-}" ]; then
     echo "blobmount-entrypoint: BLOBMOUNT_SOURCE_URI is not set: nothing to mount" >&2
-    exit 64
+    exit 2  # usage or configuration, as blobmount itself says it (README, exit statuses)
 fi
 # A mount point left behind by a killed sidecar answers ENOTCONN and mkdir fails on it;
 # blobmount detects that mount and replaces it, so carry on and let it say what is wrong.

@@ -1,9 +1,11 @@
 """`blobmount mount --foreground` as a system: the mount under test, with a scenario's settings
 and, for a diagnostic variant, extra settings, read-order hints or the kernel's caches kept
-between phases. Its counters come from `blobmount stats --json`."""
+between phases; in block mode or in whole-file mode, read by the scenario's reader threads or
+by a number of its own. Its counters come from `blobmount stats --json`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -13,18 +15,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scenarios.base import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, Scenario
+from scenarios.base import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, Bench, Scenario, Workload
 from scenarios.datasets import Store
 from scenarios.mount_system import MountSystem
 from scenarios.mounted import MountedDaemon
 from scenarios.readers import HintSource
+from scenarios.results import RunMetrics
 
 log = logging.getLogger(__name__)
+
+#: a `src` folder to run the daemon from instead of this checkout's (the harness stays this
+#: checkout's): `BLOBMOUNT_BENCH_DAEMON_SRC=/old/src benchmarks/run.py ...` measures old code
+DAEMON_SRC_ENV = "BLOBMOUNT_BENCH_DAEMON_SRC"
+#: the setting that picks whole-file mode (block mode is its default, true)
+WHOLE_FILE_ENV = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}
+#: a whole-file system is named with this suffix, a system with its own reader count with -<n>r
+WHOLE_FILE_SUFFIX = "-whole-file"
 
 
 class BlobmountSystem(MountSystem):
     """`blobmount mount --foreground`, fresh, with the scenario's seed-recommended settings
-    (and, for a diagnostic variant, `extra_env` on top)."""
+    (and, for a diagnostic variant, `extra_env` on top).
+
+    `whole_file` mounts in whole-file mode (the scenario's settings, and
+    DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false); `readers` runs the scenario's mount plan
+    with that many reader threads instead of its own number (a DataLoader worker reads with one).
+    """
 
     def __init__(
         self,
@@ -32,13 +48,25 @@ class BlobmountSystem(MountSystem):
         extra_env: Mapping[str, str] | None = None,
         hint_window: int = 0,
         keep_kernel_caches: bool = False,
+        *,
+        whole_file: bool = False,
+        readers: int | None = None,
     ) -> None:
+        name += WHOLE_FILE_SUFFIX if whole_file else ""
+        name += f"-{readers}r" if readers else ""
         self.name = f"{name}{KEPT_SUFFIX}" if keep_kernel_caches else name
         self.keeps_kernel_caches = keep_kernel_caches
         self.extra_env = dict(extra_env or {})
+        self.whole_file = whole_file
+        self.readers = readers
         self.hint_window = hint_window
         self.kind = "diagnostic" if extra_env else "mount"
-        self.description = "blobmount mount (block mode), fresh daemon and cache dir"
+        mode = (
+            "whole-file mode, DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false"
+            if whole_file
+            else ("block mode")
+        )
+        self.description = f"blobmount mount ({mode}), fresh daemon and cache dir"
         if extra_env:
             changed = " ".join(f"{k}={v}" for k, v in self.extra_env.items())
             self.description = f"diagnostic: {self.description}, with {changed}"
@@ -54,7 +82,28 @@ class BlobmountSystem(MountSystem):
         return HintSource(self.hint_window, daemon.env) if self.hint_window else None
 
     def settings(self, scenario: Scenario) -> dict[str, str]:
-        return {**scenario.mount_env, **self.extra_env}
+        mode = WHOLE_FILE_ENV if self.whole_file else {}
+        return {**scenario.mount_env, **mode, **self.extra_env}
+
+    def _own_readers(self, workload: Workload) -> Workload:
+        """The workload, its mount plan read by `readers` threads when this system has its own
+        number."""
+        plan = workload.mount
+        if not self.readers or self.readers == plan.threads:
+            return workload
+        was = f"{plan.threads} threads"
+        now = f"{self.readers} thread{'s' if self.readers > 1 else ''}"
+        description = plan.description.replace(was, now, 1)
+        if description == plan.description:
+            description = f"{now}: {plan.description}"
+        mount = dataclasses.replace(plan, threads=self.readers, description=description)
+        return dataclasses.replace(workload, mount=mount)
+
+    def describe(self, workload: Workload) -> str:
+        return super().describe(self._own_readers(workload))
+
+    def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
+        return super().run_once(bench, scenario, self._own_readers(workload))
 
     def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
@@ -63,6 +112,9 @@ class BlobmountSystem(MountSystem):
         env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
         # a private runtime dir: the stats socket and mount record of this daemon only
         env["XDG_RUNTIME_DIR"] = str(work / "run")
+        daemon_src = os.environ.get(DAEMON_SRC_ENV)
+        if daemon_src:
+            env["PYTHONPATH"] = daemon_src
         env["XDG_STATE_HOME"] = str(work / "state")
         return env
 

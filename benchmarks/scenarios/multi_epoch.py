@@ -53,8 +53,11 @@ class MultiEpoch(MountScenario):
         "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED": "true",
     }
     settings_note = (
-        "seed: block cache on, other settings default: disk cache on, memory cache 128 MB"
+        "seed: block cache on, other settings default: disk cache on, memory cache 128 MB; "
+        "blobmount-whole-file: whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false), "
+        "later epochs from its local copies"
     )
+    whole_file_rows = True
     # the disk tier alone: what a later epoch gets once the RAM tier cannot hold the dataset
     mount_variants = {"blobmount-ram0": {"DATASET_MOUNT_MEMORY_CACHE_SIZE": "0"}}
     # and as a training job sees it: the node's page cache is not dropped between epochs

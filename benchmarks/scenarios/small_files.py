@@ -50,8 +50,14 @@ class SmallFiles(MountScenario):
     number = 3
     title = f"Many small files (~25 KB), each read once by {THREADS} threads"
     mount_env = seed_block_settings()
-    settings_note = "seed: disk cache off, memory cache 0 (block cache on)"
+    settings_note = (
+        "seed: disk cache off, memory cache 0 (block cache on); blobmount-whole-file: the same "
+        "in whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false, disk cache default); "
+        "-1r, -4r: read by 1 and 4 threads (a DataLoader worker reads with one)"
+    )
     threads = THREADS
+    whole_file_rows = True
+    reader_rows = (1, 4)
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
@@ -95,6 +101,8 @@ class SmallFilesHinted(SmallFiles):
     )
     threads = 4
     hinted_variants = {"blobmount-hints": 512}
+    whole_file_rows = False
+    reader_rows = ()
 
 
 class SmallFilesHintedLatency(SmallFilesHinted):

@@ -23,7 +23,7 @@ from blobmount import fusectl
 from blobmount.compose.configs import fuse_options
 from blobmount.compose.mount import open_mount
 from blobmount.compose.storage import StorageFactory, check_source, open_storage
-from blobmount.errors import BlobmountError
+from blobmount.errors import BlobmountError, exit_status
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.hints.server import serve_hints
 from blobmount.metrics import open_metrics
@@ -161,6 +161,7 @@ async def serve(
                 disk=disk,
                 hints=hints,
                 whole_file=whole_files,
+                flow=stack.flow,
             ).snapshot
 
             metrics.publish(snapshot)
@@ -247,5 +248,5 @@ def run(request: MountRequest, notifier: ReadyNotifier) -> int:
     except BlobmountError as exc:
         log.error("%s", exc)
         notifier.error(str(exc))
-        return 1
+        return exit_status(exc)  # the kind of failure, for `blobmount mount` and systemd
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from blobmount.datastores import DATASTORES_FILE_VAR, datastores_file_path, resolve_source
-from blobmount.errors import BlobmountError, MountPointError
+from blobmount.errors import BlobmountError, ConfigError, MountPointError, ProcessFailed
 from blobmount.mountpoint import mount_type, unmount_fuse
 from blobmount.readiness import READY_FD_ENV, wait_for_ready_line
 from blobmount.runstate import MountRecord, default_log_file, pid_alive
@@ -46,11 +46,12 @@ class FuseUnavailable(BlobmountError):
     """FUSE is missing on this machine (no /dev/fuse, no fusermount3, or no pyfuse3)."""
 
 
-class MountFailed(BlobmountError):
-    """The daemon did not get the mount ready; the message is its reason. `log_file` is its log."""
+class MountFailed(ProcessFailed):
+    """The daemon did not get the mount ready; the message is its reason, `exit_status` its exit
+    status (see `blobmount.errors.ExitStatus`), `log_file` its log."""
 
-    def __init__(self, message: str, log_file: Path) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, log_file: Path, exit_status: int | None = None) -> None:
+        super().__init__(message, exit_status)
         self.log_file = log_file
 
 
@@ -92,6 +93,39 @@ def pyfuse3_import_problem(exc: ImportError) -> str:
         "library (on Debian/Ubuntu: apt-get install fuse3 libfuse3-dev pkg-config, then "
         "pip install --force-reinstall pyfuse3)"
     )
+
+
+# -- the log file ---------------------------------------------------------------------------
+
+
+def check_log_file(path: Path, given_by: str) -> None:
+    """Refuse a log file the daemon could not write, before anything is mounted: its logs would
+    be lost. Creates the file (empty) when it can; never creates folders, since a missing one
+    is more likely a typo than a wish. `given_by` names where the path came from.
+
+    Raises:
+        ConfigError: the folder is missing or not a folder, or the file cannot be written.
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        state = "is not a folder" if folder.exists() else "does not exist; create it"
+        raise ConfigError(
+            f"cannot write the log file {path} ({given_by}): {folder} {state} or choose "
+            "another log file"
+        )
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the log file {path} ({given_by}): "
+            f"{exc.strerror or type(exc).__name__}; choose another log file"
+        ) from None
+
+
+def log_file_origin(from_flag: bool) -> str:
+    """How a user set the log file, for `check_log_file`'s message."""
+    return "--log-file" if from_flag else ENV_VARS["log_file"]
 
 
 # -- mounting -------------------------------------------------------------------------------
@@ -172,8 +206,10 @@ def start_mount(
         SourceError: a malformed URI, an unknown datastore.
         CredentialError: a datastore's credential is missing.
         FuseUnavailable: FUSE is missing; the message says what to install.
+        ConfigError: also for a log file that cannot be written.
         MountFailed: the daemon could not mount (its reason: missing container, refused
-            credentials, bad mount point...); nothing is left mounted or running.
+            credentials, bad mount point...); nothing is left mounted or running. Its
+            `exit_status` is the daemon's.
     """
     overrides = dict(overrides or {})
     # Cheap checks first, in the caller's process: bad settings or a bad URI stop here.
@@ -183,8 +219,12 @@ def start_mount(
     if problem is not None:
         raise FuseUnavailable(problem)
     mountpoint = Path(mountpoint).absolute()
-    log_file = (settings.log_file or default_log_file(mountpoint)).absolute()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    if settings.log_file is None:
+        log_file = default_log_file(mountpoint).absolute()
+        log_file.parent.mkdir(parents=True, exist_ok=True)  # our own folder: make it
+    else:
+        log_file = settings.log_file.absolute()
+        check_log_file(log_file, log_file_origin(overrides.get("log_file") is not None))
 
     env = dict(os.environ)
     env.update(child_env(settings, overrides))
@@ -223,12 +263,15 @@ def start_mount(
         return RunningMount(
             child.pid, mountpoint, log_file, message[6:], settings.unmount_timeout_s, child
         )
-    if child.poll() is None:
+    # A daemon that sent its reason is exiting by itself, with the status that says what kind
+    # of failure it was: wait for it rather than terminate it. One that said nothing is stopped.
+    said_why = message.startswith("error ")
+    if not said_why and child.poll() is None:
         child.terminate()
     _reap(child, EXIT_GRACE_S)
-    if message.startswith("error "):
-        raise MountFailed(message[6:], log_file)
-    raise MountFailed(f"{message}; see the log {log_file}", log_file)
+    if said_why:
+        raise MountFailed(message[6:], log_file, child.returncode)
+    raise MountFailed(f"{message}; see the log {log_file}", log_file, child.returncode)
 
 
 def unmount(mountpoint: PathArg, *, timeout_s: float | None = None) -> None:

@@ -48,6 +48,10 @@ def _whole(figure: Callable[[WholeFileStats], float]) -> Figure:
     return lambda s: None if s.whole_file is None else figure(s.whole_file)
 
 
+def _breaker_is(state: str) -> Figure:
+    return lambda s: float(s.flow.breaker == state)
+
+
 # (type, name after "blobmount_", help, figure). A figure of a section that is off is left out,
 # which is how the optional disk tier and whole-file mode (None when off) disappear.
 SIMPLE: tuple[tuple[str, str, str, Figure], ...] = (
@@ -87,6 +91,68 @@ SIMPLE: tuple[tuple[str, str, str, Figure], ...] = (
         "storage_gave_up",
         "Operations that failed after every retry",
         lambda s: s.retry.gave_up,
+    ),
+    # the account's flow controller and circuit breaker
+    (
+        "counter",
+        "storage_requests_sent",
+        "Requests sent to storage, every try of every operation",
+        lambda s: s.flow.sent,
+    ),
+    (
+        "counter",
+        "storage_throttled",
+        "Answers saying storage is over its targets (503, 500, 429)",
+        lambda s: s.flow.throttled,
+    ),
+    (
+        "counter",
+        "storage_timeouts",
+        "Requests with no complete answer in time",
+        lambda s: s.flow.timeouts,
+    ),
+    ("gauge", "storage_in_flight", "Requests to storage in flight", lambda s: s.flow.in_flight),
+    (
+        "gauge",
+        "storage_in_flight_limit",
+        "Requests the flow controller allows in flight now (cut when storage pushes back)",
+        lambda s: s.flow.in_flight_limit,
+    ),
+    (
+        "gauge",
+        "storage_in_flight_limit_max",
+        "The most requests the flow controller ever allows in flight",
+        lambda s: s.flow.in_flight_limit_max,
+    ),
+    (
+        "counter",
+        "storage_limit_cuts",
+        "Times the in-flight limit was cut",
+        lambda s: s.flow.limit_cuts,
+    ),
+    (
+        "counter",
+        "storage_queued_seconds",
+        "Seconds requests waited for a slot or the account's Retry-After pause",
+        lambda s: s.flow.queued_s,
+    ),
+    (
+        "gauge",
+        "storage_breaker_open_seconds",
+        "How long the circuit breaker has been open (0: closed)",
+        lambda s: s.flow.breaker_open_s,
+    ),
+    (
+        "counter",
+        "storage_breaker_opened",
+        "Times the circuit breaker opened",
+        lambda s: s.flow.breaker_opened,
+    ),
+    (
+        "counter",
+        "storage_fast_failures",
+        "Requests failed at once, unsent, while the circuit breaker was open",
+        lambda s: s.flow.fast_failures,
     ),
     (
         "gauge",
@@ -286,6 +352,13 @@ LABELLED: tuple[tuple[str, str, str, str, dict[str, Figure]], ...] = (
             "list": lambda s: s.storage.list_requests,
             "properties": lambda s: s.storage.properties_requests,
         },
+    ),
+    (
+        "gauge",
+        "storage_breaker_state",
+        "The circuit breaker's state: 1 for the current one",
+        "state",
+        {state: _breaker_is(state) for state in ("closed", "open", "half-open")},
     ),
     (
         "counter",

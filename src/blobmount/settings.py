@@ -14,6 +14,9 @@ must not import pyfuse3 or the Azure SDK.
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
 import math
 import os
 import re
@@ -32,10 +35,22 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from blobmount.datastores import DATASTORES_FILE_VAR
 from blobmount.errors import ConfigError
+from blobmount.logs import redact
 from blobmount.units import KiB, MiB, format_size, parse_bool, parse_size
 
-__all__ = ["ENV_VARS", "Settings", "describe", "load_settings", "split_host_port"]
+__all__ = [
+    "ENV_VARS",
+    "Settings",
+    "describe",
+    "describe_json",
+    "load_settings",
+    "split_host_port",
+    "unknown_variables",
+]
+
+log = logging.getLogger(__name__)
 
 # The environment `load_settings` was given; None means os.environ. A ContextVar because
 # pydantic-settings builds its sources inside the model constructor, where no argument reaches.
@@ -513,6 +528,10 @@ class Settings(BaseSettings):
     kernel_max_background: Annotated[int, _Int(0, 65535, what="a number of requests")] = _env(
         "DATASET_MOUNT_KERNEL_MAX_BACKGROUND", 64
     )
+    flow_control: Annotated[bool, _Bool()] = _env("DATASET_MOUNT_FLOW_CONTROL", True)
+    breaker_seconds: Annotated[
+        float, _Float(what="a number of seconds", at_least=0.0, unit=" s")
+    ] = _env("DATASET_MOUNT_BREAKER_SECONDS", 5.0)
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -609,6 +628,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise TypeError(f"load_settings() got unknown setting(s): {', '.join(unknown)}")
     flags = {name: value for name, value in overrides.items() if value is not None}
     environ = os.environ if env is None else env
+    _warn_unknown(environ)
 
     token = _ENVIRON.set(environ)
     try:
@@ -645,3 +665,97 @@ def describe(settings: Settings) -> list[tuple[str, str, str]]:
             source = "environment" if field in settings.model_fields_set else "default"
         rows.append((name, _rule(field).format(getattr(settings, field)), source))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Variables with our prefix that we do not read: most likely a typo, which would otherwise be
+# ignored without a word.
+
+#: the prefix of blobmount's own variables
+OWN_PREFIX = "DATASET_MOUNT_"
+#: variables with that prefix read outside `Settings`
+_READ_ELSEWHERE = (DATASTORES_FILE_VAR,)
+#: names already warned about in this process (load_settings runs more than once per command)
+_warned: set[str] = set()
+
+
+def known_variables() -> frozenset[str]:
+    """Every variable blobmount reads for its settings."""
+    return frozenset(ENV_VARS.values()) | frozenset(_READ_ELSEWHERE)
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """(name, the closest known name or None) for each DATASET_MOUNT_* variable in `env`
+    that blobmount does not read, sorted by name."""
+    known = known_variables()
+    # compared without their prefixes, which every name shares and would make any two alike
+    by_stem = {_stem(name): name for name in sorted(known)}
+    out = []
+    for name in sorted(env):
+        if name.startswith(OWN_PREFIX) and name not in known:
+            close = difflib.get_close_matches(_stem(name), list(by_stem), n=1, cutoff=0.75)
+            out.append((name, by_stem[close[0]] if close else None))
+    return out
+
+
+def _stem(name: str) -> str:
+    for prefix in ("AZUREML_DATASET_", OWN_PREFIX, "DATASET_", "RSLEX_"):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    for name, close in unknown_variables(env):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = f"; did you mean {close}?" if close else ""
+        log.warning("%s is not a blobmount setting and is ignored%s", name, hint)
+
+
+# ---------------------------------------------------------------------------------------------
+# `blobmount config --json`
+
+#: parts of a variable's name that mark its value as a secret
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|SAS|CONNECTION_STRING|CREDENTIAL")
+MASK = "***"
+
+
+def _json_value(name: str, value: object) -> object:
+    """A setting's value as JSON: numbers, booleans and None as they are, paths and the rest as
+    text; a secret's masked (by its name), and any text through the log redaction."""
+    if value is None or isinstance(value, bool | int | float):
+        return MASK if value is not None and _SECRET_NAME.search(name) else value
+    if _SECRET_NAME.search(name):
+        return MASK
+    return redact(str(value))
+
+
+def describe_json(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The effective settings as a JSON object, for `blobmount config --json`.
+
+    ``settings``: each variable's ``value`` (bytes, seconds, etc. as numbers; paths as text;
+    null where the default has a meaning of its own), ``text`` (as `blobmount config` shows it)
+    and ``source``. ``credentials``: the credential variables set in `env` (default:
+    os.environ), each masked, so a script can see which one will be used without seeing it.
+    ``unknown``: the DATASET_MOUNT_* variables blobmount ignores.
+    """
+    environ = os.environ if env is None else env
+    rows = {name: (text, source) for name, text, source in describe(settings)}
+    out: dict[str, object] = {}
+    for field, name in ENV_VARS.items():
+        text, source = rows[name]
+        masked = _SECRET_NAME.search(name) is not None
+        out[name] = {
+            "value": _json_value(name, getattr(settings, field)),
+            "text": MASK if masked else redact(text),
+            "source": source,
+        }
+    credentials = {
+        name: MASK
+        for name in sorted(environ)
+        if name.startswith("AZURE_") and _SECRET_NAME.search(name) and environ[name].strip()
+    }
+    unknown = [name for name, _ in unknown_variables(environ)]
+    return json.dumps({"settings": out, "credentials": credentials, "unknown": unknown}, indent=2)

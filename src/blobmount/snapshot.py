@@ -28,6 +28,7 @@ from blobmount.errors import BlobmountError
 from blobmount.fs.filesystem import NamespaceStats
 from blobmount.hints.coordinator import HintStats
 from blobmount.storage.counting import StorageStats
+from blobmount.storage.flow import FlowStats
 from blobmount.storage.retry import RetryStatistics
 from blobmount.wholefile.cache import WholeFileStats
 
@@ -62,6 +63,7 @@ class MountSnapshot:
     disk: DiskTierStats | None  # None: the disk tier is off
     hints: HintStats
     whole_file: WholeFileStats | None  # None: block mode
+    flow: FlowStats  # the storage account's flow controller and circuit breaker
 
     def to_json(self) -> dict[str, Any]:
         """The stats socket's JSON: nested plain values, keys in field order."""
@@ -163,6 +165,7 @@ class LiveMount:
     disk: Reports[object] | None
     hints: Reports[HintStats]
     whole_file: Reports[WholeFileStats] | None
+    flow: Reports[FlowStats]
 
     def snapshot(self) -> MountSnapshot:
         namespace = self.fs.statistics()
@@ -181,6 +184,7 @@ class LiveMount:
             disk=None if self.disk is None else _disk_stats(self.disk.statistics()),
             hints=self.hints.statistics(),
             whole_file=None if self.whole_file is None else self.whole_file.statistics(),
+            flow=self.flow.statistics(),
         )
 
 

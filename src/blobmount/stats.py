@@ -21,6 +21,7 @@ from blobmount.blocks.disk_tier import DiskTierStats
 from blobmount.blocks.hinted import HintedBlockStats
 from blobmount.hints.coordinator import HintStats
 from blobmount.snapshot import MountSnapshot
+from blobmount.storage.flow import FlowStats
 from blobmount.units import format_size
 from blobmount.unixsock import listen_unix
 from blobmount.wholefile.cache import WholeFileStats
@@ -115,6 +116,7 @@ def format_stats(s: MountSnapshot) -> str:
         f"storage requests  {st.range_requests} range ({format_size(st.range_bytes)}), "
         f"{st.list_requests} list, {st.properties_requests} properties",
         f"retries / errors  {retry.retries} retries, {retry.gave_up} gave up; errors: {errors}",
+        _flow_line(s.flow),
         f"cache hits        RAM {_ratio(memory_hits, block_lookups)} of {block_lookups} blocks "
         f"(buffer {blocks.buffer_hits}, RAM tier {blocks.ram_hits}); "
         f"disk {_disk_ratio(s.disk)}",
@@ -131,6 +133,18 @@ def format_stats(s: MountSnapshot) -> str:
         f"open files        {s.open_files}, inodes {s.inodes}",
     ]
     return "\n".join(lines)
+
+
+def _flow_line(flow: FlowStats) -> str:
+    breaker = flow.breaker
+    if flow.breaker_open_s > 0:
+        breaker += f" for {flow.breaker_open_s:.0f}s"
+    return (
+        f"flow control      {flow.in_flight} in flight, limit {flow.in_flight_limit} of "
+        f"{flow.in_flight_limit_max} ({flow.limit_cuts} cuts); {flow.sent} sent, "
+        f"{flow.throttled} throttled, {flow.timeouts} timed out, queued {flow.queued_s:.1f}s; "
+        f"breaker {breaker} (opened {flow.breaker_opened}x, {flow.fast_failures} failed at once)"
+    )
 
 
 def _disk_ratio(disk: DiskTierStats | None) -> str:

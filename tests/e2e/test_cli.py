@@ -1,8 +1,10 @@
-"""The `blobmount` command as a user runs it: background mount, unmount, errors, secrets."""
+"""The `blobmount` command as a user runs it: background mount, unmount, errors and their exit
+statuses, secrets."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +16,9 @@ import psutil
 import pytest
 
 from tests.helpers.mount import is_mounted
+
+#: PYTHONPATH entry under which host names ending in .invalid do not resolve (no DNS query)
+UNRESOLVABLE = Path(__file__).resolve().parents[1] / "helpers" / "unresolvable"
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -74,8 +79,15 @@ def test_background_mount_is_ready_when_it_returns_and_unmounts(
     assert "unmounted" in log_file.read_text()
 
 
-def _assert_refused(done: subprocess.CompletedProcess[str], mountpoint: Path, *words: str) -> None:
-    assert done.returncode != 0
+def _assert_refused(
+    done: subprocess.CompletedProcess[str], mountpoint: Path, *words: str, status: int
+) -> None:
+    """Refused as a product should: the status of its kind, one line naming the cause, no
+    traceback, nothing mounted."""
+    assert done.returncode == status, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("blobmount: "), done.stderr
+    assert "Traceback" not in done.stderr
     message = done.stderr.lower()
     for word in words:
         assert word.lower() in message, done.stderr
@@ -86,7 +98,7 @@ def test_missing_container_is_refused_before_mounting(azurite, mountpoint, mount
     done = blobmount(
         "mount", f"{azurite.account_url}/no-such-container", str(mountpoint), env=mount_env
     )
-    _assert_refused(done, mountpoint, "container")
+    _assert_refused(done, mountpoint, "container not found", "check the container", status=4)
 
 
 def test_wrong_key_is_refused_before_mounting(azurite, small_container, mountpoint, mount_env):
@@ -96,8 +108,7 @@ def test_wrong_key_is_refused_before_mounting(azurite, small_container, mountpoi
         azurite.connection_string.split("AccountKey=")[1].split(";")[0], wrong
     )
     done = blobmount("mount", f"{azurite.account_url}/{small_container}", str(mountpoint), env=env)
-    _assert_refused(done, mountpoint)
-    assert "credential" in done.stderr.lower() or "authori" in done.stderr.lower()
+    _assert_refused(done, mountpoint, "refused the credentials", "check the account key", status=3)
     assert wrong not in done.stderr
 
 
@@ -111,7 +122,92 @@ def test_unreachable_endpoint_is_refused_before_mounting(mountpoint, mount_env):
     )
     uri = "http://127.0.0.1:1/devstoreaccount1/data"
     done = blobmount("mount", uri, str(mountpoint), env=env)
-    _assert_refused(done, mountpoint)
+    # what was tried (listing the container at that endpoint) and what failed
+    _assert_refused(
+        done,
+        mountpoint,
+        "cannot mount http://127.0.0.1:1/devstoreaccount1/data",
+        "list devstoreaccount1/data/",
+        "127.0.0.1:1 refused the connection",
+        status=4,
+    )
+
+
+def test_a_host_name_that_does_not_resolve_is_named(mountpoint, mount_env):
+    env = dict(mount_env)
+    env["AZUREML_DATASET_HTTP_RETRY_COUNT"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(UNRESOLVABLE), env.get("PYTHONPATH")]))
+    endpoint = "http://nosuchaccount.invalid:10000/devstoreaccount1"
+    env["AZURE_STORAGE_CONNECTION_STRING"] = (
+        env["AZURE_STORAGE_CONNECTION_STRING"].split(";BlobEndpoint=")[0]
+        + f";BlobEndpoint={endpoint}"
+    )
+    done = blobmount("mount", f"{endpoint}/data", str(mountpoint), env=env)
+    _assert_refused(
+        done,
+        mountpoint,
+        "the host name nosuchaccount.invalid does not resolve",
+        "dns",
+        status=4,
+    )
+
+
+def test_a_token_that_cannot_be_had_says_what_was_tried(mountpoint, mount_env, tmp_path):
+    # no storage credential, an https endpoint: Azure AD. Only the credentials that read this
+    # machine's logins are tried (no managed identity endpoint is asked), and there are none.
+    env = {k: v for k, v in mount_env.items() if k != "AZURE_STORAGE_CONNECTION_STRING"}
+    env["AZURE_TOKEN_CREDENTIALS"] = "dev"
+    env["HOME"] = str(tmp_path)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    done = blobmount("mount", "https://127.0.0.1:1/devstoreaccount1/data", str(mountpoint), env=env)
+    _assert_refused(
+        done,
+        mountpoint,
+        "could not get a token",
+        "the credential chain tried",
+        "AzureCliCredential (",
+        "AZURE_STORAGE_SAS_TOKEN",
+        status=3,
+    )
+
+
+def test_a_forgotten_mount_point_is_named(mount_env, tmp_path):
+    sas = "sv=2024-01-01&sig=c2VjcmV0"
+    done = blobmount("mount", f"az://datasets/imagenet?{sas}", env=mount_env)
+    _assert_refused(
+        done, tmp_path, "no mount point given", "blobmount mount URI MOUNTPOINT", status=2
+    )
+    assert "sig=" not in done.stderr  # the URI is not echoed: it may carry a SAS
+    done = blobmount("mount", str(tmp_path), env=mount_env)  # and no URI at all
+    _assert_refused(done, tmp_path, "no source URI given", "BLOBMOUNT_SOURCE_URI", status=2)
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("missing/x.log", ["missing does not exist", "create it"]),
+        ("a-file/x.log", ["a-file is not a folder"]),
+        ("a-folder", ["is a directory"]),
+    ],
+)
+@pytest.mark.parametrize("given_by", ["--log-file", "DATASET_MOUNT_LOG_FILE"])
+def test_a_log_file_that_cannot_be_written_is_refused_before_mounting(
+    where, words, given_by, azurite, small_container, mountpoint, mount_env, tmp_path
+):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    log_file = tmp_path / where
+    env, args = dict(mount_env), []
+    if given_by == "--log-file":
+        args = ["--log-file", str(log_file)]
+    else:
+        env["DATASET_MOUNT_LOG_FILE"] = str(log_file)
+    uri = f"{azurite.account_url}/{small_container}"
+    for foreground in ([], ["--foreground"]):  # the mount command, and the daemon systemd runs
+        done = blobmount("mount", uri, str(mountpoint), *foreground, *args, env=env)
+        _assert_refused(done, mountpoint, f"cannot write the log file {log_file}", *words, status=2)
+        assert given_by in done.stderr
+    assert not (tmp_path / "missing").exists()  # a folder is never made up
 
 
 @pytest.mark.parametrize(
@@ -124,23 +220,26 @@ def test_unreachable_endpoint_is_refused_before_mounting(mountpoint, mount_env):
     ],
 )
 def test_malformed_uri_is_refused(uri, words, mountpoint, mount_env):
-    _assert_refused(blobmount("mount", uri, str(mountpoint), env=mount_env), mountpoint, *words)
+    done = blobmount("mount", uri, str(mountpoint), env=mount_env)
+    _assert_refused(done, mountpoint, *words, status=2)
 
 
 def test_bad_setting_is_refused_with_its_name(azurite, small_container, mountpoint, mount_env):
     env = {**mount_env, "DATASET_MOUNT_READ_BLOCK_SIZE": "lots"}
     done = blobmount("mount", f"{azurite.account_url}/{small_container}", str(mountpoint), env=env)
-    _assert_refused(done, mountpoint, "DATASET_MOUNT_READ_BLOCK_SIZE", "lots")
+    _assert_refused(done, mountpoint, "DATASET_MOUNT_READ_BLOCK_SIZE", "lots", status=2)
 
 
 def test_bad_mount_points_are_refused(azurite, small_container, tmp_path, mount_env, fuse_ok):
     uri = f"{azurite.account_url}/{small_container}"
     missing = tmp_path / "missing"
-    _assert_refused(blobmount("mount", uri, str(missing), env=mount_env), missing, "does not exist")
+    done = blobmount("mount", uri, str(missing), env=mount_env)
+    _assert_refused(done, missing, "does not exist", status=2)
     full = tmp_path / "full"
     full.mkdir()
     (full / "something").write_text("x")
-    _assert_refused(blobmount("mount", uri, str(full), env=mount_env), full, "not empty")
+    done = blobmount("mount", uri, str(full), env=mount_env)
+    _assert_refused(done, full, "not empty", status=2)
     done = blobmount("mount", uri, str(full), "--allow-non-empty", env=mount_env)
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(full)) == ["a", "two.txt"]
@@ -203,3 +302,29 @@ def test_config_prints_effective_settings_and_rejects_bad_ones(mount_env):
     done = blobmount("config", env={**env, "DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD": "2"})
     assert done.returncode != 0
     assert "DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD" in done.stderr
+
+
+def test_an_unknown_variable_is_named_with_the_closest_known_one(mount_env):
+    env = {**mount_env, "DATASET_MOUNT_READ_BUFER_BLOCK_COUNT": "80"}
+    done = blobmount("config", env=env)
+    assert done.returncode == 0
+    assert done.stderr == (
+        "blobmount: DATASET_MOUNT_READ_BUFER_BLOCK_COUNT is not a blobmount setting and is "
+        "ignored; did you mean DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT?\n"
+    )
+    line = next(x for x in done.stdout.splitlines() if "READ_BUFFER_BLOCK_COUNT" in x)
+    assert "(default)" in line  # ignored indeed
+
+
+def test_config_json_prints_the_effective_settings_with_secrets_masked(azurite, mount_env):
+    key = azurite.connection_string.split("AccountKey=")[1].split(";")[0]
+    env = {**mount_env, "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT": "80"}
+    done = blobmount("config", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    entry = out["settings"]["DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT"]
+    assert entry == {"value": 80, "text": "80", "source": "environment"}
+    assert out["settings"]["DATASET_MOUNT_CACHE_DIR"]["value"] == env["DATASET_MOUNT_CACHE_DIR"]
+    assert out["credentials"] == {"AZURE_STORAGE_CONNECTION_STRING": "***"}
+    assert key not in done.stdout
+    assert key[:20] not in done.stdout

@@ -51,6 +51,25 @@ TREE: dict[str, bytes] = {
 MARKERS = ("a/marked-empty",)
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The downloads' resume state goes to $XDG_STATE_HOME: the test's own, also for the CLI
+    runs (cli_env copies os.environ), and outside tmp_path, which tests list."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+def source_tree(root: Path) -> Path:
+    """TREE and its folder markers as local files: what DEST must equal after a download."""
+    for rel, data in TREE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    for rel in MARKERS:
+        (root / rel).mkdir(parents=True)
+    return root
+
+
 def gets_for(data: dict[str, bytes], part: int = PART) -> int:
     return sum(-(-len(d) // part) for d in data.values())
 
@@ -150,7 +169,9 @@ def put_raw(azurite: AzuriteServer, container: str, quoted_name: str, data: byte
 # -- the CLI: bytes, summary, reruns -------------------------------------------------------
 
 
-def test_tree_downloads_byte_exact_and_a_rerun_transfers_nothing(azurite, tree, tmp_path):
+def test_tree_downloads_byte_exact_and_a_rerun_transfers_nothing(
+    azurite, tree, tmp_path, state_home
+):
     dest = tmp_path / "dest"
     env = cli_env(azurite, RSLEX_DOWNLOADER_THREADS="8")
     uri = f"{azurite.account_url}/{tree}"
@@ -169,8 +190,18 @@ def test_tree_downloads_byte_exact_and_a_rerun_transfers_nothing(azurite, tree, 
         assert 0.9 * large < out["stats"]["bytes_direct"] <= large
     assert (dest / "a/marked-empty").is_dir()
     assert os.listdir(dest / "a/marked-empty") == []
-    assert not (dest / TMP_DIR_NAME).exists()
-    assert (dest / MANIFEST_NAME).is_file()
+    # DEST is a copy of the prefix and nothing else (`diff -r` against the source tree): the
+    # resume state is kept in the state folder, one file for this source and destination
+    diff = subprocess.run(
+        ["diff", "-r", str(source_tree(tmp_path / "src")), str(dest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert not (dest / MANIFEST_NAME).exists()
+    (db,) = (state_home / "blobmount" / "downloads").glob("*.db")
+    assert db.stat().st_size > 0
 
     again = run_cli([uri, str(dest), "--part-size", "1MB", "--json"], env)
     assert again.returncode == 0, again.stderr
@@ -379,7 +410,7 @@ def test_missing_container_and_bad_arguments(azurite, tmp_path):
     assert "container not found" in proc.stdout
 
     proc = run_cli(["s3://bucket/x", str(tmp_path / "d")], env)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage mistake
     assert "invalid source URI" in proc.stderr
 
     (tmp_path / "file").write_text("x")

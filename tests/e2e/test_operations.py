@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from blobmount.errors import ExitStatus
 from blobmount.runstate import stats_socket
 from blobmount.settings import load_settings
 from blobmount.stats import fetch_stats
@@ -538,7 +539,7 @@ def test_entrypoint_without_a_source_says_so(tmp_path):
     done = subprocess.run(
         [str(DOCKER / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
     )
-    assert done.returncode == 64
+    assert done.returncode == 2  # usage or configuration, as blobmount says it
     assert "BLOBMOUNT_SOURCE_URI" in done.stderr
     assert not (tmp_path / "m").exists()
 
@@ -606,6 +607,8 @@ def test_unit_file_settings():
     assert one["Type"] == "notify"
     assert one["NotifyAccess"] == "main"
     assert one["Restart"] == "on-failure"
+    # a configuration mistake (exit status 2, blobmount.errors.ExitStatus.USAGE) is not retried
+    assert one["RestartPreventExitStatus"].split() == [str(int(ExitStatus.USAGE))]
     assert one["EnvironmentFile"] == "/etc/blobmount/%i.env"
     # no URI on the command line: the CLI reads BLOBMOUNT_SOURCE_URI (no SAS in `ps`)
     assert one["ExecStart"].endswith(" mount --foreground ${MOUNTPOINT}")
@@ -670,6 +673,9 @@ def test_systemd_analyze_security_rates_the_unit(tmp_path):
     assert float(exposure[1]) <= 5.0
 
 
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
 def test_dockerfile_builds_from_files_that_exist():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     copies = re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M)
@@ -681,15 +687,21 @@ def test_dockerfile_builds_from_files_that_exist():
     for line in copies:
         *sources, _ = line.split()
         for source in sources:
+            if source == "dist/":  # the release's wheel, which `make dist` builds first
+                assert "dist/blobmount-*-py3-none-any.whl" in kept
+                make_dist = r"^dist: .*\n(\t.*\n)*\t\$\(PY\) -m build --outdir dist"
+                assert re.search(make_dist, MAKEFILE, re.M)
+                continue
             assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
             assert source.rstrip("/") in kept, f"COPY {source}: excluded from the build context"
     assert "fuse3" in dockerfile
-    # pyfuse3 is installed: from the [fuse] extra when the project has one
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get(
-        "optional-dependencies", {}
-    )
-    if any(dep.startswith("pyfuse3") for dep in extras.get("fuse", [])):
-        assert "pip install --no-cache-dir '.[fuse]'" in dockerfile
+    # the image installs the wheel, with pyfuse3 from the [fuse] extra
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(dep.startswith("pyfuse3") for dep in extras["fuse"])
+    assert "set -- /dist/blobmount-*-py3-none-any.whl" in dockerfile
+    assert 'pip install --no-cache-dir "$1[fuse]"' in dockerfile
     assert 'python -c "import pyfuse3"' in dockerfile
     assert re.search(r"^FROM python:\S+-slim|^ARG PYTHON_IMAGE=python:\S+-slim", dockerfile, re.M)
     entrypoint = re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.M)

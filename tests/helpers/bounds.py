@@ -4,9 +4,15 @@ This is the formula docs/RELIABILITY.md states; tests assert reads finish within
 for a loaded machine) rather than timing anything tighter. The names mirror the settings:
 
     call_s(n)   = connect + 2 * read_timeout + n / MIN_BODY_BYTES_PER_S   one storage call
-    fetch_s     = (retries + 1) * call_s(block) + Σ backoff               one block, all tries
+    queue_s     = min(Retry-After, 60) + read_timeout        the flow controller's hold on a try
+    fetch_s     = (retries + 1) * (call_s(block) + queue_s) + Σ backoff   one block, all tries
     read_s      = 2 (kernel re-read after a failed read-ahead) * 2 (blocks one FUSE read of up
                   to 128 KiB can touch) * fetch_s
+
+`queue_s` is the term the flow controller (storage/flow.py, issue #27) adds to every try, which
+docs/RELIABILITY.md names in words but its `fetch` formula leaves out: before a try is sent it
+waits out the account's Retry-After pause (which another request may have started, so even a
+first try can wait it) and then for a slot, at most the read timeout before it goes anyway.
 
 Also: `in_thread` runs a blocking call on a daemon thread, so a read stuck on a hung mount fails
 the test (result(timeout) raises) instead of hanging pytest, and teardown can still unstick it.
@@ -61,8 +67,17 @@ class Limits:
             max(min(MAX_DELAY_S, BASE_DELAY_S * 2**n), honoured) for n in range(self.retries)
         )
 
+    def queue_s(self, retry_after_s: float = 0.0) -> float:
+        """The most the flow controller holds one try before sending it: the account's pause
+        (a Retry-After, capped as the retry layer caps it) and then a slot, whose wait is
+        bounded by the read timeout (FlowConfig.max_queue_wait_s, set in compose/configs.py).
+        A retry waits the pause inside its backoff already; counting it once more per try
+        covers a pause pushed back by requests that were in flight when it began."""
+        return min(retry_after_s, MAX_RETRY_AFTER_S) + self.read_timeout_s
+
     def fetch_s(self, retry_after_s: float = 0.0) -> float:
-        return (self.retries + 1) * self.call_s(self.block_size) + self.backoff_s(retry_after_s)
+        per_try = self.call_s(self.block_size) + self.queue_s(retry_after_s)
+        return (self.retries + 1) * per_try + self.backoff_s(retry_after_s)
 
     def read_s(self, retry_after_s: float = 0.0) -> float:
         return KERNEL_TRIES * BLOCKS_PER_READ * self.fetch_s(retry_after_s)

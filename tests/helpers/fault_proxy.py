@@ -7,6 +7,8 @@ from the test while the mount runs.
     proxy.set_fault(reset_mid_body(kinds=ALL_KINDS))      # every request: reset after 64 KiB
     proxy.clear()                                  # back to a transparent proxy; stalls released
     proxy.counts("range")                          # {'requests': n, 'forwarded': m, 'stall': k}
+    proxy.set_admission(Admission(max_in_flight=4))   # 503 ServerBusy beyond 4 requests at once
+    proxy.set_admission(Admission(per_second=50))     # ... beyond 50 requests a second
     proxy.stop()
 
 It runs an asyncio loop on a daemon thread of the test process; every control method is
@@ -31,6 +33,10 @@ most `limit` requests. What it does:
 - `stall_body`: send headers and `after_bytes` of the body, then stall as above, then the rest;
 - `trickle`: send the body `trickle_bytes` at a time every `trickle_interval_s`: never stalls
   long enough for a per-read timeout, and never finishes in reasonable time.
+
+Admission (`set_admission`) is a server over its targets, on top of any fault: a request beyond
+`max_in_flight` being forwarded at once, or beyond `per_second` in the current second, is
+answered 503 ServerBusy (outcome `busy`) without being forwarded.
 
 Abandoned upstream bodies are drained, not dropped: Azurite leaks a file descriptor per stored
 block of a GET its client abandons (DESIGN.md).
@@ -123,6 +129,16 @@ def trickle(bytes_per_step: int = 1024, interval_s: float = 0.25, **kw: Any) -> 
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """What the proxy lets through, like a storage account over its targets: None is no limit."""
+
+    max_in_flight: int | None = None
+    per_second: int | None = None
+    retry_after: str | None = None
+    kinds: frozenset[str] = ALL_KINDS
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """One request the proxy saw."""
 
@@ -133,6 +149,7 @@ class Record:
     range: str | None  # x-ms-range / Range header
     if_match: str | None
     outcome: str  # 'forwarded' or the fault action
+    client_request_id: str | None = None  # the x-ms-client-request-id header
 
 
 @dataclass(slots=True)
@@ -154,6 +171,11 @@ class _State:
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     records: list[Record] = field(default_factory=list)
     stalled: int = 0  # requests being held right now
+    admission: Admission | None = None
+    forwarding: int = 0  # requests being forwarded right now
+    second: int = 0  # the current second of `per_second`, and requests admitted in it
+    admitted: int = 0
+    most_forwarding: int = 0
 
 
 class _Upstream:
@@ -259,6 +281,18 @@ class FaultProxy:
             self._state.used = 0
         self.release()
 
+    def set_admission(self, admission: Admission | None) -> None:
+        """Answer 503 beyond `admission`'s limits from now on (None: admit everything)."""
+        with self._lock:
+            self._state.admission = admission
+            self._state.most_forwarding = 0
+
+    @property
+    def most_forwarding(self) -> int:
+        """The most requests forwarded at once since the last `set_admission`."""
+        with self._lock:
+            return self._state.most_forwarding
+
     def clear(self) -> None:
         """No more faults; requests held by a stall go on at once."""
         self.set_fault(None)
@@ -308,6 +342,38 @@ class FaultProxy:
 
     # -- the proxy (loop thread) ----------------------------------------------------------
 
+    def _admit(self, req: _Request) -> Fault | None:
+        """A 503 if the admission limits refuse `req` (counted and recorded as `busy`), else
+        None; an admitted request is counted as forwarding until `_done_forwarding`."""
+        with self._lock:
+            state = self._state
+            rule = state.admission
+            if rule is None or req.kind not in rule.kinds:
+                return None
+            busy = rule.max_in_flight is not None and state.forwarding >= rule.max_in_flight
+            if rule.per_second is not None and not busy:
+                now = int(time.monotonic())
+                if now != state.second:
+                    state.second, state.admitted = now, 0
+                busy = state.admitted >= rule.per_second
+                state.admitted += 0 if busy else 1
+            if not busy:
+                state.forwarding += 1
+                state.most_forwarding = max(state.most_forwarding, state.forwarding)
+                return None
+            state.counts[(req.kind, "busy")] += 1
+            if len(state.records) < _RECORD_LIMIT:
+                state.records.append(
+                    Record(time.monotonic(), req.kind, req.method, req.blob, None, None, "busy")
+                )
+            return throttle(retry_after=rule.retry_after)
+
+    def _done_forwarding(self, req: _Request) -> None:
+        with self._lock:
+            rule = self._state.admission
+            if rule is not None and req.kind in rule.kinds and self._state.forwarding > 0:
+                self._state.forwarding -= 1
+
     def _choose(self, req: _Request) -> Fault | None:
         """The fault for this request (or None), counted and recorded."""
         with self._lock:
@@ -334,6 +400,7 @@ class FaultProxy:
                         req.headers.get("x-ms-range") or req.headers.get("range"),
                         req.headers.get("if-match"),
                         outcome,
+                        req.headers.get("x-ms-client-request-id"),
                     )
                 )
             return fault if hit else None
@@ -350,16 +417,24 @@ class FaultProxy:
                 req = await _read_request(reader)
                 if req is None:
                     return
-                fault = self._choose(req)
-                if fault is not None and fault.action == "status":
-                    writer.write(_error_reply(req, fault))
+                refused = self._admit(req)
+                if refused is not None:
+                    writer.write(_error_reply(req, refused))
                     await writer.drain()
                     continue
-                if fault is not None and fault.action == "stall":
-                    await self._stall(fault)
-                if upstream is None:
-                    upstream = _Upstream(*await asyncio.open_connection(*self._upstream))
-                keep = await self._forward(req, fault, writer, upstream)
+                try:
+                    fault = self._choose(req)
+                    if fault is not None and fault.action == "status":
+                        writer.write(_error_reply(req, fault))
+                        await writer.drain()
+                        continue
+                    if fault is not None and fault.action == "stall":
+                        await self._stall(fault)
+                    if upstream is None:
+                        upstream = _Upstream(*await asyncio.open_connection(*self._upstream))
+                    keep = await self._forward(req, fault, writer, upstream)
+                finally:
+                    self._done_forwarding(req)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
@@ -585,6 +660,7 @@ __all__ = [
     "ALL_KINDS",
     "KINDS",
     "RANGE_ONLY",
+    "Admission",
     "Fault",
     "FaultProxy",
     "Record",

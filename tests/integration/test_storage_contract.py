@@ -385,6 +385,47 @@ async def test_get_range_of_missing_blob(storage):
         await storage.get_range("never/existed", '"0x1"', 0, 10)
 
 
+# -- a range with the version's properties from the same answer -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "start", "length"),
+    [
+        ("a/b/d.bin", 0, 70_000),  # a whole small blob: what a whole-file open asks for
+        ("a/b/d.bin", 0, 1 << 20),  # asking for more than there is
+        ("big.bin", 0, 2 * MiB),  # the first part of a big one
+        ("big.bin", 3 * MiB, 2 * MiB + 123),  # a part from the middle to the end
+        ("big.bin", BIG, 10),  # nothing left
+        ("ünïcødé/naïve 文件.txt", 0, 100),
+        ("empty.bin", 0, 100),
+        ("top.txt", 0, 0),  # the properties alone
+    ],
+)
+async def test_get_range_with_props_gives_the_whole_blobs_properties(storage, name, start, length):
+    props = await storage.get_properties(name)
+    got = await storage.get_range_with_props(name, props.etag, start, length)
+    assert got.data == BLOBS[name][start : start + length]
+    # the blob's, not the range's: size, version and MD5 of the whole blob
+    assert got.props.name == name
+    assert got.props.size == len(BLOBS[name])
+    assert got.props.etag == props.etag
+    assert got.props.content_md5 == hashlib.md5(BLOBS[name]).digest()
+    assert abs(got.props.last_modified - props.last_modified) < 1.0
+
+
+async def test_get_range_with_props_is_pinned(storage, backend):
+    old = await storage.get_properties("top.txt")
+    backend.put("top.txt", b"new content, new etag\n")
+    for length in (4, 0):
+        with pytest.raises(BlobChanged):
+            await storage.get_range_with_props("top.txt", old.etag, 0, length)
+    backend.delete("z-last.bin")
+    with pytest.raises(BlobNotFound):
+        await storage.get_range_with_props("z-last.bin", '"0x1"', 0, 3)
+    with pytest.raises(BlobNotFound):
+        await storage.get_range_with_props("never/existed", '"0x1"', 0, 10)
+
+
 # -- errors only a real service has --------------------------------------------------------
 
 

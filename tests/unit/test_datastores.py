@@ -644,7 +644,7 @@ def test_cli_datastores_without_a_file_says_where_it_looked(
 ) -> None:
     monkeypatch.delenv(DATASTORES_FILE_VAR, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    assert cli_main(["datastores"]) == 1
+    assert cli_main(["datastores"]) == 2  # a configuration mistake
     err = capsys.readouterr().err
     assert str(tmp_path / "blobmount" / "datastores.toml") in err
 

@@ -78,7 +78,7 @@ def test_part_size_out_of_range_is_a_usage_error(capsys):
 
 def test_bad_threads_setting_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RSLEX_DOWNLOADER_THREADS", "0")
-    assert main(["download", "az://cont", str(tmp_path / "d")]) == 1
+    assert main(["download", "az://cont", str(tmp_path / "d")]) == 2  # a configuration mistake
     assert "RSLEX_DOWNLOADER_THREADS='0' is not valid" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
 
@@ -155,5 +155,5 @@ def test_bad_configs_are_refused(tmp_path, kw, message):
 
 
 def test_an_empty_filter_pattern_is_a_config_error(tmp_path, capsys):
-    assert main(["download", "az://cont", str(tmp_path / "d"), "--exclude", ""]) == 1
+    assert main(["download", "az://cont", str(tmp_path / "d"), "--exclude", ""]) == 2
     assert "empty filter pattern" in capsys.readouterr().err

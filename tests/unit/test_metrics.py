@@ -59,6 +59,20 @@ FIGURE_OF: dict[Sample, str] = {
     ),
     ("blobmount_storage_retries_total", ()): "retry.retries",
     ("blobmount_storage_gave_up_total", ()): "retry.gave_up",
+    ("blobmount_storage_requests_sent_total", ()): "flow.sent",
+    ("blobmount_storage_throttled_total", ()): "flow.throttled",
+    ("blobmount_storage_timeouts_total", ()): "flow.timeouts",
+    ("blobmount_storage_in_flight", ()): "flow.in_flight",
+    ("blobmount_storage_in_flight_limit", ()): "flow.in_flight_limit",
+    ("blobmount_storage_in_flight_limit_max", ()): "flow.in_flight_limit_max",
+    ("blobmount_storage_limit_cuts_total", ()): "flow.limit_cuts",
+    ("blobmount_storage_queued_seconds_total", ()): "flow.queued_s",
+    ("blobmount_storage_breaker_open_seconds", ()): "flow.breaker_open_s",
+    ("blobmount_storage_breaker_opened_total", ()): "flow.breaker_opened",
+    ("blobmount_storage_fast_failures_total", ()): "flow.fast_failures",
+    ("blobmount_storage_breaker_state", (("state", "closed"),)): "flow.breaker==closed",
+    ("blobmount_storage_breaker_state", (("state", "open"),)): "flow.breaker==open",
+    ("blobmount_storage_breaker_state", (("state", "half-open"),)): "flow.breaker==half-open",
     ("blobmount_fetches_in_flight", ()): "blocks.fetcher.in_flight",
     ("blobmount_fetch_failures_total", ()): "blocks.fetcher.failed",
     ("blobmount_readahead_blocks_fetched_total", ()): "blocks.prefetch_started",
@@ -107,7 +121,11 @@ FIGURE_OF: dict[Sample, str] = {
 
 
 def figure(snapshot: MountSnapshot, path: str) -> float:
-    """The figure at dotted `path` (attributes, then a key of storage.errors)."""
+    """The figure at dotted `path` (attributes, then a key of storage.errors), or 1/0 for
+    `path==value` (a state exported as one gauge per value)."""
+    if "==" in path:
+        path, value = path.split("==")
+        return float(operator.attrgetter(path)(snapshot) == value)
     if path.startswith("storage.errors."):
         return float(snapshot.storage.errors[path.removeprefix("storage.errors.")])
     return float(operator.attrgetter(path)(snapshot))
@@ -204,6 +222,7 @@ async def test_metrics_of_a_real_mount_count_what_was_read(tmp_path: Path) -> No
             disk=parts.disk,
             hints=parts.hints,
             whole_file=parts.whole_files,
+            flow=stack.flow,
         ).snapshot()
     got = samples(exposition(s))
     assert s.disk is None

@@ -93,6 +93,7 @@ def test_to_json_keeps_the_wire_keys_in_order():
     assert list(data) == [
         *("source", "mountpoint", "pid", "uptime_s", "throughput_bytes_per_s", "open_files"),
         *("inodes", "namespace", "storage", "retry", "blocks", "disk", "hints", "whole_file"),
+        "flow",
     ]
     assert data["blocks"]["ram"]["hits"] == distinct_snapshot().blocks.ram.hits
 
@@ -179,6 +180,7 @@ def old_daemon_dict(parts: Any, stack: Any, live: LiveMount, uptime_s: float) ->
         "disk": None if parts.disk is None else asdict(parts.disk.statistics()),
         "hints": asdict(parts.hints.statistics()),
         "whole_file": None if whole_files is None else asdict(whole_files.statistics()),
+        "flow": asdict(stack.flow.statistics()),  # added with the flow controller (#27)
     }
 
 
@@ -223,6 +225,7 @@ async def test_a_live_mounts_json_is_the_old_dict(tmp_path: Path, block_mode: bo
             disk=parts.disk,
             hints=parts.hints,
             whole_file=parts.whole_files,
+            flow=stack.flow,
         )
         snapshot = live.snapshot()
         old = old_daemon_dict(parts, stack, live, snapshot.uptime_s)

@@ -1,11 +1,16 @@
 """Whole-file mode against a real cache directory and the in-memory store: one download per
 version, reuse across restarts with verification, LRU pruning that spares open files, the
-block-mode fallback, failures that leave nothing behind, and the filesystem on top."""
+block-mode fallback, failures that leave nothing behind, and the filesystem on top; and the
+open's critical path: one GET per cold small file (none per cached one), its bytes served from
+memory before its entry is written, and no partial or unchecked file ever under a final name."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import hashlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,8 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.cachedir.space import SpaceConfig
-from blobmount.errors import StorageUnavailable
+from blobmount.download_mode.transfer import TransferError
+from blobmount.errors import BlobChanged, StorageUnavailable
 from blobmount.fs.errno_map import errno_for
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.fs.readers import BlockReader, WholeFileReader
@@ -24,7 +30,8 @@ from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
-from blobmount.wholefile.cache import WholeFileConfig, open_whole_file_cache
+from blobmount.wholefile import entries as wholefile_entries
+from blobmount.wholefile.cache import MEMORY_MAX_BYTES, WholeFileConfig, open_whole_file_cache
 
 MiB = 1024 * 1024
 PART = 256 * 1024
@@ -336,3 +343,320 @@ async def test_the_cache_does_not_start_writeback_as_downloads_do(tmp_path, monk
         assert copy is not None
         assert await read_all(cache, copy) == data
     assert started == []
+
+
+# -- the open's critical path: one request, bytes served before the entry is written ---------
+
+
+def requests(storage: CountingStorageClient) -> tuple[int, int, int]:
+    """(list, properties, range) requests so far."""
+    s = storage.statistics()
+    return s.list_requests, s.properties_requests, s.range_requests
+
+
+async def test_a_cold_small_file_costs_one_get_and_a_cached_one_none(tmp_path):
+    mem = InMemoryStorageClient()
+    names = [f"img/{i}.jpg" for i in range(5)]
+    for name in names:
+        mem.put(name, pattern_bytes(name, 0, 8192 + len(name)))
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        for epoch in range(3):
+            for name in names:
+                before = requests(storage)
+                copy = await cache.open(version(mem, name))
+                assert copy is not None
+                after = requests(storage)
+                # cold: exactly one GET, no properties request; later epochs: nothing at all
+                assert after == (before[0], before[1], before[2] + (epoch == 0))
+                assert await read_all(cache, copy) == mem._data[name]
+        stats = cache.statistics()
+        assert (stats.downloads, stats.cached_opens) == (5, 10)
+    assert len(entries(tmp_path)) == 5
+    assert temporaries(tmp_path) == []
+
+
+async def test_the_filesystem_open_of_a_small_file_is_one_get(nursery, tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("d/a.bin", pattern_bytes("a", 0, 25_000))
+    storage = CountingStorageClient(mem)
+    b = 64 * 1024
+    blocks = BlockManager(storage, BlockManagerConfig(b, 4, 4, 4 * b, 16 * b), nursery)
+    cfg = FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, b)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        fs = BlobFilesystem(storage, blocks, cfg, cache)
+        folder = await fs.lookup(ROOT_INODE, "d")
+        node = await fs.lookup(folder.inode, "a.bin")
+        for cold in (True, False):
+            before = requests(storage)
+            opened = await fs.open(node.inode, os.O_RDONLY)
+            got = bytes(await fs.read(opened.fh, 0, 100_000))
+            fs.release(opened.fh)
+            assert got == mem._data["d/a.bin"]
+            assert requests(storage) == (before[0], before[1], before[2] + cold)
+
+
+async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
+    tmp_path, monkeypatch
+):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("now.bin", 0, 30_000)
+    mem.put("now.bin", data)
+    disk_free = threading.Event()
+    real_write = wholefile_entries.write_entry
+
+    def slow_write(path, data):
+        disk_free.wait(10)  # a disk that takes its time
+        return real_write(path, data)
+
+    monkeypatch.setattr(wholefile_entries, "write_entry", slow_write)
+
+    class Busy(InMemoryStorageClient):
+        """Another file's GET still in flight: a busy mount, whose writes go to a thread."""
+
+        other_may_finish = trio.Event()
+
+        async def get_range_with_props(self, name, etag, start, length):
+            if name == "other.bin":
+                await self.other_may_finish.wait()
+            return await super().get_range_with_props(name, etag, start, length)
+
+    busy = Busy()
+    busy._data, busy._props, busy._names = mem._data, mem._props, mem._names
+    mem.put("other.bin", b"other")
+    async with open_whole_file_cache(busy, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def open_other() -> None:
+            cache.release(await cache.open(version(mem, "other.bin")))
+
+        cache._nursery.start_soon(open_other)
+        with trio.fail_after(5):
+            while not cache._downloads:
+                await trio.sleep(0)
+            copy = await cache.open(version(mem, "now.bin"))
+        # answered without waiting for the disk, and read from the bytes in memory
+        assert copy is not None
+        assert copy.writing
+        reader = WholeFileReader(cache, copy)
+        assert bytes(await reader.read(100, 1000)) == data[100:1100]
+        await trio.sleep(0.05)
+        assert entries(tmp_path) == []  # nothing under a final name until it is whole
+        disk_free.set()
+        with trio.fail_after(5):
+            await cache.writer.settled()
+        assert [p.name for p in entries(tmp_path)] == [cache.path(version(mem, "now.bin")).name]
+        Busy.other_may_finish.set()
+        with trio.fail_after(5):
+            while cache._downloads:
+                await trio.sleep(0.001)
+            await cache.writer.settled()
+        assert cache.path(version(mem, "now.bin")).read_bytes() == data
+        assert bytes(await reader.read(29_990, 100)) == data[29_990:]
+        reader.close()
+        assert cache.statistics().open_copies == 0
+        assert cache.statistics().space.reserved_bytes == 0
+    assert temporaries(tmp_path) == []
+
+
+async def test_concurrent_opens_of_a_small_file_share_one_get(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("hot.bin", 0, 20_000)
+    mem.put("hot.bin", data)
+    storage = CountingStorageClient(mem)
+    got: list[bytes] = []
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def opener() -> None:
+            copy = await cache.open(version(mem, "hot.bin"))
+            got.append(await read_all(cache, copy))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(opener)
+        stats = cache.statistics()
+        assert (stats.downloads, stats.shared_opens, stats.open_copies) == (1, 7, 0)
+    assert got == [data] * 8
+    assert requests(storage) == (0, 0, 1)
+    assert len(entries(tmp_path)) == 1
+
+
+async def test_a_small_file_read_just_before_unmount_is_still_cached(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("last.bin", pattern_bytes("last.bin", 0, 10_000))
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        cache.release(await cache.open(version(mem, "last.bin")))
+        # unmounting now, before the entry's write had a turn
+    assert len(entries(tmp_path)) == 1
+    assert temporaries(tmp_path) == []
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        before = requests(storage)
+        copy = await cache.open(version(mem, "last.bin"))
+        assert await read_all(cache, copy) == mem._data["last.bin"]
+        # no GET; the one-time Content-MD5 check of a copy from an earlier mount
+        assert requests(storage) == (before[0], before[1] + 1, before[2])
+        assert cache.statistics().downloads == 0
+
+
+@pytest.mark.parametrize("size", [5_000, 400_000, 900_000])
+async def test_wrong_bytes_are_never_cached(tmp_path, size):
+    # one size per path (part size 512 KiB here): into memory, one GET to disk, parts
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("bad.bin", 0, size)
+    props = mem.put("bad.bin", data)
+    # storage says the blob's MD5 is another one: the bytes received are not the blob's
+    mem._props["bad.bin"] = dataclasses.replace(props, content_md5=hashlib.md5(b"x").digest())
+    cfg = dataclasses.replace(config(tmp_path), part_size=512 * 1024)
+    async with open_whole_file_cache(mem, cfg, LOC) as cache:
+        assert cache is not None
+        if size <= MEMORY_MAX_BYTES:
+            # checked off the open's path, before the write: its handles fail from then on
+            copy = await cache.open(version(mem, "bad.bin"))
+            reader = WholeFileReader(cache, copy)
+            await cache.writer.settled()
+            with pytest.raises(TransferError) as raised:
+                await reader.read(0, 100)
+            reader.close()
+            # and a later open does not get that copy: it downloads again
+            again = await cache.open(version(mem, "bad.bin"))
+            assert again is not copy
+            cache.release(again)
+            await cache.writer.settled()
+            failures = 2
+        else:
+            with pytest.raises(TransferError) as raised:
+                await cache.open(version(mem, "bad.bin"))
+            failures = 1
+        assert errno_for(raised.value)[0] == errno.EIO
+        await trio.sleep(0.01)
+        stats = cache.statistics()
+        assert stats.failed_downloads == failures
+        assert (stats.open_copies, stats.space.reserved_bytes) == (0, 0)
+        assert entries(tmp_path) == []
+        assert temporaries(tmp_path) == []
+
+
+async def test_a_failed_get_of_a_small_file_fails_the_open_and_leaves_nothing(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("flaky.jpg", pattern_bytes("flaky.jpg", 0, 9_000))
+    faulty = FaultyStorageClient(mem)
+    faulty.fail_next("get_range", 1, lambda: StorageUnavailable("503 from the test"))
+    storage = CountingStorageClient(faulty)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with pytest.raises(StorageUnavailable) as raised:
+            await cache.open(version(mem, "flaky.jpg"))
+        assert errno_for(raised.value)[0] == errno.EIO
+        assert requests(storage) == (0, 0, 1)
+        stats = cache.statistics()
+        assert (stats.failed_downloads, stats.space.reserved_bytes) == (1, 0)
+        assert entries(tmp_path) == []
+        assert temporaries(tmp_path) == []
+        copy = await cache.open(version(mem, "flaky.jpg"))
+        assert await read_all(cache, copy) == mem._data["flaky.jpg"]
+        assert requests(storage) == (0, 0, 2)
+
+
+async def test_a_blob_changed_since_the_listing_fails_the_open(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("moved.bin", b"old" * 100)
+    old = version(mem, "moved.bin")
+    mem.put("moved.bin", b"new" * 100)
+    async with open_whole_file_cache(mem, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with pytest.raises(BlobChanged):
+            await cache.open(old)
+    assert entries(tmp_path) == []
+    assert temporaries(tmp_path) == []
+
+
+async def test_a_failed_write_leaves_no_entry_and_the_open_still_reads(tmp_path, monkeypatch):
+    # the disk fails between writing the temporary and renaming it (as a crash there would
+    # stop): no file may be left under the final name, nor a temporary
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("w.bin", 0, 40_000)
+    mem.put("w.bin", data)
+    renames: list[str] = []
+
+    def failing_rename(src, dst):
+        renames.append(os.fspath(dst))
+        raise OSError(errno.EIO, "injected I/O error")
+
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        monkeypatch.setattr(wholefile_entries.os, "rename", failing_rename)
+        copy = await cache.open(version(mem, "w.bin"))
+        reader = WholeFileReader(cache, copy)
+        with trio.fail_after(5):
+            await cache.writer.settled()
+        assert not copy.writing
+        assert renames == [os.fspath(cache.path(version(mem, "w.bin")))]
+        assert entries(tmp_path) == []
+        assert temporaries(tmp_path) == []
+        # the handle keeps reading the checked bytes it has
+        assert bytes(await reader.read(0, 50_000)) == data
+        reader.close()
+        assert cache.statistics().space.reserved_bytes == 0
+        # a later open downloads it again
+        monkeypatch.undo()
+        copy = await cache.open(version(mem, "w.bin"))
+        assert await read_all(cache, copy) == data
+        assert storage.statistics().range_requests == 2
+
+
+async def test_many_small_files_are_all_written_and_unmount_waits_for_them(tmp_path):
+    mem = InMemoryStorageClient()
+    for i in range(200):
+        mem.put(f"s/{i}", pattern_bytes(f"s/{i}", 0, 3000 + i))
+    async with open_whole_file_cache(mem, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def reader(names: list[int]) -> None:
+            for i in names:
+                copy = await cache.open(version(mem, f"s/{i}"))
+                assert await read_all(cache, copy) == mem._data[f"s/{i}"]
+
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(reader, list(range(k, 200, 8)))
+        assert cache.statistics().open_copies == 0
+    # unmount waited for the writes still queued
+    assert len(entries(tmp_path)) == 200
+    assert temporaries(tmp_path) == []
+    for path in entries(tmp_path):
+        assert path.stat().st_size in {3000 + i for i in range(200)}
+
+
+async def test_a_file_up_to_one_part_is_one_get_written_before_the_open_returns(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("mid.bin", 0, 400_000)  # over the in-memory size, within a part
+    mem.put("mid.bin", data)
+    storage = CountingStorageClient(mem)
+    cfg = dataclasses.replace(config(tmp_path), part_size=MiB)
+    async with open_whole_file_cache(storage, cfg, LOC) as cache:
+        assert cache is not None
+        copy = await cache.open(version(mem, "mid.bin"))
+        assert copy is not None
+        assert copy.data is None
+        assert copy.fd >= 0
+        assert len(entries(tmp_path)) == 1
+        assert await read_all(cache, copy) == data
+    assert requests(storage) == (0, 0, 1)
+
+
+async def test_a_big_file_costs_its_parts_and_no_properties_request(tmp_path):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("big.bin", 0, 2 * MiB + 5)
+    mem.put("big.bin", data)
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        copy = await cache.open(version(mem, "big.bin"))
+        assert await read_all(cache, copy) == data
+    assert requests(storage) == (0, 0, -(-len(data) // PART))

@@ -1,7 +1,9 @@
 """Command line: `blobmount mount|unmount|stats|config|datastores|download|cache|warm`.
 
 One module per command, each with `add_parser(sub)` and `run(args)`; this module assembles the
-parser and turns a `BlobmountError` into a one-line message and exit status 1. The work the
+parser and turns a `BlobmountError` into a one-line message and the exit status of its kind
+(`blobmount.errors.exit_status`: 2 usage or configuration, 3 credentials, 4 storage not reachable
+or not found, 1 anything else). The work the
 Python API shares with the commands lives below the front ends (`blobmount.launch`,
 `blobmount.compose`, `blobmount.warm.runner`). Building the parser imports neither pyfuse3 nor
 the Azure SDK, so `--help` works on a machine without FUSE.
@@ -16,7 +18,8 @@ from typing import Any, Protocol
 
 from blobmount._version import __version__
 from blobmount.cli import cache, config, datastores, download, mount, stats, unmount, warm
-from blobmount.errors import BlobmountError
+from blobmount.errors import BlobmountError, ExitStatus, exit_status
+from blobmount.logs import RedactingFormatter
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +45,20 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+EXIT_STATUSES = f"""exit status:
+  {ExitStatus.OK}  success
+  {ExitStatus.USAGE}  usage or configuration: a bad argument, setting, URI or mount point
+  {ExitStatus.CREDENTIALS}  storage refused the credentials, or no token could be had
+  {ExitStatus.STORAGE}  storage not reachable, or the container or blob not found
+  {ExitStatus.FAILED}  anything else (`download` and `warm`: a file failed; 128+N: signal N)"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blobmount",
         description="Mount an Azure Blob container (or a prefix of it) as a read-only folder.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"blobmount {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -54,12 +67,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warnings_to_stderr() -> None:
+    """Until a command sets up its own logging, warnings (an unknown DATASET_MOUNT_* variable)
+    go to stderr as one line each, like the command's own messages."""
+    root = logging.getLogger()
+    if root.handlers:  # set up already (a test's capture, or a caller's own)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("blobmount: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    root.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _warnings_to_stderr()
     try:
         return COMMANDS[args.command].run(args)
     except BlobmountError as exc:
         print(f"blobmount: {exc}", file=sys.stderr)
-        return 1
+        return exit_status(exc)
+    except OSError as exc:
+        # a file or folder the command needed (cache, destination, state): no traceback, but
+        # what failed and where
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"blobmount: {exc.strerror or exc}{where}", file=sys.stderr)
+        return ExitStatus.FAILED
     except KeyboardInterrupt:
         return 130

@@ -7,8 +7,12 @@ retries. Progress goes to stderr (a bar on a terminal, log lines otherwise); the
 to stdout, as text or, with --json, as one JSON object.
 
 Exit status: 0 when every blob under the prefix was copied (or was already current), 1 when
-any blob failed or was refused (they are listed with the reason) or the download could not
-run, 128+N when stopped by signal N (130 for Ctrl-C, 143 for SIGTERM).
+any blob failed or was refused (they are listed with the reason), 128+N when stopped by signal
+N (130 for Ctrl-C, 143 for SIGTERM); when the download cannot run, the status of the error's
+kind (`blobmount.errors.ExitStatus`: 2 a bad setting, URI or glob, 3 credentials, 4 storage).
+
+The resume state (which local files are current copies of which blob versions) is kept outside
+DEST, in $XDG_STATE_HOME/blobmount/downloads: DEST holds the prefix's files and nothing else.
 """
 
 from __future__ import annotations

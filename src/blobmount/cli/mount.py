@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from blobmount.datastores import resolve_source
-from blobmount.errors import BlobmountError, SourceError
+from blobmount.errors import BlobmountError, MountPointError, SourceError
 from blobmount.launch import (
     SOURCE_ENV,
     FuseUnavailable,
+    check_log_file,
     fuse_problem,
+    log_file_origin,
     pyfuse3_import_problem,
     start_mount,
 )
@@ -40,7 +43,8 @@ def add_parser(sub: Any) -> None:
     mount.add_argument(
         "uri", nargs="?", help="az://, https://, http:// (Azurite), wasbs:// or azureml:// URI"
     )
-    mount.add_argument("mountpoint", type=Path)
+    # text, not Path: Path("az://c/p") would hide that a URI was given where a folder belongs
+    mount.add_argument("mountpoint", help="an existing empty folder")
     mount.add_argument(
         "-f",
         "--foreground",
@@ -76,21 +80,37 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+#: what a URI looks like (a scheme, then "://"), to tell one from a mount point
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+_USAGE = "usage: blobmount mount URI MOUNTPOINT"
+
+
+def _uri_and_mountpoint(args: argparse.Namespace) -> tuple[str, Path]:
+    """The source URI and the mount point, or a usage error naming the one missing.
+
+    With a single argument argparse fills MOUNTPOINT (URI is optional, for the daemon and
+    systemd units, which pass the URI in BLOBMOUNT_SOURCE_URI)."""
+    if args.uri is None and _URI.match(args.mountpoint):
+        # never echo the argument: a URI can carry a SAS
+        raise MountPointError(f"no mount point given: the one argument is a source URI; {_USAGE}")
     uri = args.uri or os.environ.get(SOURCE_ENV)
     if not uri:
-        raise SourceError("no source URI given")
+        raise SourceError(f"no source URI given; {_USAGE} (or set {SOURCE_ENV})")
+    return uri, Path(args.mountpoint)
+
+
+def run(args: argparse.Namespace) -> int:
+    uri, mountpoint = _uri_and_mountpoint(args)
     if args.foreground:
-        return _run_foreground(uri, args)
+        return _run_foreground(uri, mountpoint, args)
     given = {**overrides(args), "log_file": args.log_file}
-    running = start_mount(
-        uri, args.mountpoint, overrides=given, allow_non_empty=args.allow_non_empty
-    )
+    running = start_mount(uri, mountpoint, overrides=given, allow_non_empty=args.allow_non_empty)
     print(f"blobmount: {running.status} (pid {running.pid}, log {running.log_file})")
     return 0
 
 
-def _run_foreground(uri: str, args: argparse.Namespace) -> int:
+def _run_foreground(uri: str, mountpoint: Path, args: argparse.Namespace) -> int:
     notifier = ReadyNotifier()
     try:
         # Cheap checks first: bad settings or a malformed URI stop here.
@@ -99,11 +119,13 @@ def _run_foreground(uri: str, args: argparse.Namespace) -> int:
         problem = fuse_problem()
         if problem is not None:
             raise FuseUnavailable(problem)
+        log_file = args.log_file or settings.log_file
+        if log_file is not None:
+            check_log_file(log_file.absolute(), log_file_origin(args.log_file is not None))
     except BlobmountError as exc:
         notifier.error(str(exc))  # a background parent checked already; tell it anyway
         raise
 
-    log_file = args.log_file or settings.log_file
     daemonized = os.environ.get("BLOBMOUNT_DAEMONIZED") == "1"
     setup_logging(
         settings.log_level,
@@ -122,5 +144,7 @@ def _run_foreground(uri: str, args: argparse.Namespace) -> int:
         log.error("%s", message)
         notifier.error(message)
         return 1
-    mountpoint = args.mountpoint.absolute()
-    return run(MountRequest(spec, mountpoint, settings, args.allow_non_empty, log_file), notifier)
+    return run(
+        MountRequest(spec, mountpoint.absolute(), settings, args.allow_non_empty, log_file),
+        notifier,
+    )

@@ -18,6 +18,7 @@ from blobmount.fs.filesystem import FsConfig
 from blobmount.hints.coordinator import HintConfig
 from blobmount.settings import Settings
 from blobmount.source import SourceSpec
+from blobmount.storage.flow import FlowConfig
 from blobmount.wholefile.cache import WholeFileConfig
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,22 @@ def whole_file_config(settings: Settings) -> WholeFileConfig:
 
 def hint_config(settings: Settings) -> HintConfig:
     return HintConfig(window=settings.hint_window_files)
+
+
+def flow_config(settings: Settings) -> FlowConfig:
+    """The account's flow controller: at most as many requests in flight as the largest pool
+    that sends them (read-ahead and whole-file downloads, hinted fetches, `download`), so it
+    holds nothing back until storage pushes back; the breaker opens after
+    DATASET_MOUNT_BREAKER_SECONDS of nothing but failures."""
+    return FlowConfig(
+        enabled=settings.flow_control,
+        max_in_flight=max(
+            settings.read_threads, settings.hint_threads, settings.downloader_threads
+        ),
+        breaker_open_after_s=settings.breaker_seconds,
+        # a queue behind stalled requests: each waits at most one read timeout for a slot
+        max_queue_wait_s=settings.read_timeout_s,
+    )
 
 
 def fuse_options(settings: Settings, spec: SourceSpec) -> set[str]:

@@ -16,10 +16,12 @@ import trio
 
 from blobmount.compose.storage import StorageFactory, open_storage
 from blobmount.download_mode.downloader import DownloadConfig, Downloader, DownloadResult
+from blobmount.download_mode.manifest import manifest_path
 from blobmount.download_mode.progress import BarReporter, make_reporter, report_progress
 from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
 from blobmount.errors import BlobmountError, ConfigError
 from blobmount.progress import logging_around
+from blobmount.runstate import state_dir
 from blobmount.settings import Settings
 from blobmount.source import SourceSpec
 
@@ -45,7 +47,9 @@ def download_config(
     excludes: tuple[str, ...] = (),
     direct_io: bool = True,
 ) -> DownloadConfig:
-    """The downloader's config for copying `spec` to `dest` (made absolute).
+    """The downloader's config for copying `spec` to `dest` (made absolute). The resume state
+    (the manifest) is kept outside `dest`, in $XDG_STATE_HOME/blobmount/downloads, one file per
+    source and destination, so `dest` ends up holding the prefix's files and nothing else.
 
     Raises:
         ConfigError: a value no download can run with (e.g. an empty glob).
@@ -53,6 +57,7 @@ def download_config(
     try:
         return DownloadConfig(
             dest=dest.absolute(),
+            manifest_path=manifest_path(downloads_state_dir(), spec.display, dest.absolute()),
             prefix=spec.prefix,
             transfers=settings.downloader_threads,
             part_size=part_size,
@@ -63,6 +68,11 @@ def download_config(
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def downloads_state_dir() -> Path:
+    """Where downloads keep their manifests: $XDG_STATE_HOME/blobmount/downloads."""
+    return state_dir() / "downloads"
 
 
 async def run_download(

@@ -1,8 +1,10 @@
-"""The storage stack of a mount or a download: the client, then retries, then counting.
+"""The storage stack of a mount or a download: the client, then the account's flow control, then
+retries, then counting.
 
 `open_storage` is the only place the wrappers are stacked, so a mount and a download (and a
 second process given the same settings) see the storage the same way. The Azure client comes
-from `open_azure_storage`; tests and benchmarks pass their own `StorageFactory` instead.
+from `open_azure_storage`, a synthetic:// source's made-up container from
+`open_synthetic_storage`; tests and benchmarks may pass their own `StorageFactory` instead.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from dataclasses import dataclass
 import trio
 
 from blobmount._version import __version__
+from blobmount.compose.configs import flow_config
 from blobmount.errors import StorageError
 from blobmount.settings import Settings, describe
 from blobmount.source import SourceSpec
 from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
+from blobmount.storage.flow import account_flow
+from blobmount.storage.flow_client import FlowControlledStorageClient
 from blobmount.storage.retry import RetryingStorageClient
+from blobmount.storage.synthetic import SyntheticDataset, SyntheticStorageClient
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,7 @@ class StorageStack:
     client: StorageClient  # the top of the stack: what components are given
     counting: CountingStorageClient
     retrying: RetryingStorageClient
+    flow: FlowControlledStorageClient
 
 
 def azure_client_config(settings: Settings) -> AzureClientConfig:
@@ -99,17 +106,42 @@ async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncItera
         bridge.close()
 
 
+def open_source_storage(
+    settings: Settings, spec: SourceSpec
+) -> AbstractAsyncContextManager[StorageClient]:
+    """The client at the bottom of the stack for `spec`: the Azure client, or for synthetic://
+    (a test and benchmark tool) the made-up container its URI describes."""
+    if spec.scheme == "synthetic":
+        return open_synthetic_storage(settings, spec)
+    return open_azure_storage(settings, spec)
+
+
+@asynccontextmanager
+async def open_synthetic_storage(
+    settings: Settings, spec: SourceSpec
+) -> AsyncIterator[StorageClient]:
+    """The `SyntheticStorageClient` a synthetic:// URI describes: no network, no credentials."""
+    dataset = SyntheticDataset.from_query(spec.synthetic_query or "")
+    log.info("storage %s (synthetic: made-up data for tests and benchmarks)", spec.display)
+    log.info("settings: %s", "; ".join(f"{name}={value}" for name, value, _ in describe(settings)))
+    yield SyntheticStorageClient(dataset, spec.container)
+
+
 @asynccontextmanager
 async def open_storage(
     settings: Settings, spec: SourceSpec, factory: StorageFactory | None = None
 ) -> AsyncIterator[StorageStack]:
-    """The stack over `factory`'s client (default: the Azure client for `spec`): retries
-    (AZUREML_DATASET_HTTP_RETRY_COUNT), then request counting on top."""
-    opener = factory or (lambda: open_azure_storage(settings, spec))
+    """The stack over `factory`'s client (default: `open_source_storage`'s for `spec`): the flow
+    control of its account (shared with every other stack on that account in this
+    process), retries (AZUREML_DATASET_HTTP_RETRY_COUNT) that wait for the account's
+    Retry-After too, then request counting on top."""
+    opener = factory or (lambda: open_source_storage(settings, spec))
     async with opener() as client:
-        retrying = RetryingStorageClient(client, retries=settings.http_retry_count)
+        account = client.location.split("/", 1)[0]
+        flow = FlowControlledStorageClient(client, account_flow(account, flow_config(settings)))
+        retrying = RetryingStorageClient(flow, retries=settings.http_retry_count, pacer=flow.flow)
         counting = CountingStorageClient(retrying)
-        yield StorageStack(counting, counting, retrying)
+        yield StorageStack(counting, counting, retrying, flow)
 
 
 async def check_source(storage: StorageClient, spec: SourceSpec) -> None:
@@ -118,4 +150,8 @@ async def check_source(storage: StorageClient, spec: SourceSpec) -> None:
     try:
         await storage.list_page(spec.prefix, delimiter="/", max_results=1)
     except StorageError as exc:
-        raise type(exc)(f"cannot mount {spec.display}: {exc}") from None
+        # lazy: the diagnosis is needed only on this failure path
+        from blobmount.compose.diagnosis import endpoint_of, explain
+
+        reason = explain(exc, endpoint_of(spec.account_url))
+        raise type(exc)(f"cannot mount {spec.display}: {reason}") from None

@@ -77,6 +77,8 @@ class DownloadConfig:
     write_in_thread: bool = True
     #: write large files around the page cache where the file system allows (direct_io)
     direct_io: bool = True
+    #: where the manifest is kept (`manifest.manifest_path`); None: inside DEST
+    manifest_path: Path | None = None
 
     def __post_init__(self) -> None:
         """Raises ValueError for values no download can run with."""
@@ -191,7 +193,9 @@ class Downloader:
         self._started = time.monotonic()
         await self._thread(self._dest.open)
         try:
-            manifest = await self._thread(Manifest.open, self._config.dest)
+            manifest = await self._thread(
+                Manifest.open, self._config.dest, self._config.manifest_path
+            )
         except BaseException:
             self._dest.close()
             raise

@@ -1,7 +1,11 @@
 """The download manifest: which local files are complete copies of which blob versions.
 
-Kept in DEST/.blobmount-download.db, an SQLite database (stdlib, one file), rather than a JSON
-document or extended attributes:
+Kept outside DEST, so that after a download DEST holds exactly the prefix's files: one file per
+source and destination (`manifest_path`) in a folder the caller chooses (the CLI and the API use
+$XDG_STATE_HOME/blobmount/downloads). A manifest an older version left inside DEST
+(DEST/.blobmount-download.db) is moved there on first use, so its download still resumes.
+
+It is an SQLite database (stdlib, one file), rather than a JSON document or extended attributes:
 
 - memory stays bounded for millions of files (a JSON manifest must be held and rewritten whole;
   SQLite answers indexed lookups from disk and appends in transactions);
@@ -20,7 +24,10 @@ All methods block: call them from a worker thread. One connection, guarded by a 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -29,10 +36,21 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: the manifest's name inside DEST, where versions before 0.2 kept it (and where a Downloader
+#: given no other place keeps it)
 MANIFEST_NAME = ".blobmount-download.db"
 _SCHEMA_VERSION = 1
 #: SQLite's historical limit on '?' parameters in one statement is 999
 _LOOKUP_BATCH = 500
+
+
+def manifest_path(folder: Path, source: str, dest: Path) -> Path:
+    """Where the manifest of copying `source` (a URI without secrets) to `dest` is kept in
+    `folder`: a name people can place (the destination's), made unique by a hash of both."""
+    dest_text = os.path.abspath(dest)
+    key = hashlib.sha256(f"{source}\n{dest_text}".encode()).hexdigest()[:16]
+    slug = dest_text.strip("/").replace("/", "_") or "root"
+    return folder / f"{slug[-60:]}-{key}.db"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +65,7 @@ class Record:
 
 
 class Manifest:
-    """An open manifest database. Use `Manifest.open(dest)`; `close()` when done."""
+    """An open manifest database. Use `Manifest.open(dest, path)`; `close()` when done."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self._db = connection
@@ -55,10 +73,20 @@ class Manifest:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, dest: Path) -> Manifest:
-        """Open (or create) DEST's manifest. A corrupt or foreign file is moved aside and a
-        new one started: that only costs re-downloading, never wrong data."""
-        path = dest / MANIFEST_NAME
+    def open(cls, dest: Path, path: Path | None = None) -> Manifest:
+        """Open (or create) the manifest of downloads into `dest`, kept at `path` (default:
+        inside `dest`, as MANIFEST_NAME). A manifest left inside `dest` by an older version is
+        moved to `path` first. A corrupt or foreign file is moved aside and a new one started:
+        that only costs re-downloading, never wrong data.
+
+        Raises:
+            OSError: `path`'s folder cannot be made, or the old manifest cannot be moved.
+        """
+        if path is None:
+            path = dest / MANIFEST_NAME
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _adopt_legacy(dest / MANIFEST_NAME, path)
         try:
             return cls(cls._connect(path), path)
         except sqlite3.DatabaseError as exc:
@@ -133,3 +161,24 @@ class Manifest:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _adopt_legacy(old: Path, new: Path) -> None:
+    """Move a manifest an older version kept inside DEST to its new place. If the new place
+    has one already, that one is the later: the old one is removed."""
+    if not old.is_file():
+        return
+    # SQLite's journal goes along (a crash mid-transaction leaves it, to roll back from)
+    pairs = [
+        (old, new),
+        (old.with_name(old.name + "-journal"), new.with_name(new.name + "-journal")),
+    ]
+    if new.exists():
+        for stale, _ in pairs:
+            stale.unlink(missing_ok=True)
+        log.info("removed an older download manifest from the destination: %s", old)
+        return
+    for src, dst in pairs:
+        if src.exists():
+            shutil.move(src, dst)  # copies when the state folder is on another file system
+    log.info("moved the download manifest out of the destination, to %s", new)

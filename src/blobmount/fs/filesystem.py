@@ -380,7 +380,8 @@ class BlobFilesystem:
 
     async def _open_reader(self, version: BlobVersion) -> OpenReader:
         if self._whole_files is not None:
-            # blocks until the whole file is in the cache (one download for concurrent opens)
+            # one GET pinned to `version` when it is not cached (one for concurrent opens); a
+            # small file is served from memory at once, the rest once the whole file is local
             copy = await self._whole_files.open(version)
             if copy is not None:
                 return WholeFileReader(self._whole_files, copy)

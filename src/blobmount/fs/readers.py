@@ -8,6 +8,7 @@ from typing import Protocol
 import trio
 
 from blobmount.blocks.manager import BlockHandle, BlockManager
+from blobmount.download_mode.transfer import TransferError
 from blobmount.wholefile.cache import LocalCopy, WholeFileCache
 
 
@@ -32,7 +33,9 @@ class BlockReader:
 
 
 class WholeFileReader:
-    """Whole-file mode: reads are served from the local copy of the blob version."""
+    """Whole-file mode: reads are served from the local copy of the blob version (a small
+    one's bytes in memory, else its cache entry). A copy whose bytes failed their Content-MD5
+    check after the open fails its reads (EIO)."""
 
     def __init__(self, cache: WholeFileCache, copy: LocalCopy) -> None:
         self._cache = cache
@@ -44,7 +47,14 @@ class WholeFileReader:
             raise ValueError("read after close")
         if offset >= copy.size or size <= 0:
             return b""
+        if copy.bad is not None:
+            raise TransferError(copy.bad)
         want = min(size, copy.size - offset)
+        data = copy.data
+        if data is not None:
+            # a small file: its bytes stay in memory while it is open
+            self._cache.served_bytes += want
+            return memoryview(data)[offset : offset + want]
         buf = bytearray(want)
         # What the page cache holds is read right here (a just-downloaded file is all there);
         # only the rest goes to a worker thread, so a disk wait never stops the FUSE loop.

@@ -18,17 +18,23 @@ has an overall deadline (`call_deadline_s`), after which it fails as StorageUnav
 
 Every aiohttp / asyncio / credential exception is turned into a `blobmount.errors` exception by
 `translate_error` alone, with a message of our own making: library texts can contain request
-URLs, and a URL can carry a SAS signature.
+URLs, and a URL can carry a SAS signature. Throttling answers (503, 500, 429) become `Throttled`
+and timeouts `TimedOut` (storage/overload.py), which the flow controller reads.
+
+Every call carries an `x-ms-client-request-id` of its own (a UUID, in every request the call
+sends), and its failure message names it, so a failure in the log can be handed to Azure support.
 """
 
 from __future__ import annotations
 
+import contextvars
 import email.utils
 import inspect
 import ipaddress
 import logging
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
@@ -57,10 +63,22 @@ from blobmount.errors import (
     StorageUnavailable,
 )
 from blobmount.storage._aio_bridge import AsyncioBridge, BridgeClosedError
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import (
+    MAX_LIST_PAGE,
+    BlobProps,
+    ListPage,
+    RangeWithProps,
+    StorageClient,
+)
 from blobmount.storage.body_parts import PartCutter
+from blobmount.storage.overload import THROTTLE_STATUSES, Throttled, TimedOut, add_request_id
 from blobmount.storage.rest_auth import RequestAuth, request_auth
-from blobmount.storage.rest_parse import parse_list_page, props_from_headers, quoted_etag
+from blobmount.storage.rest_parse import (
+    parse_list_page,
+    props_from_get,
+    props_from_headers,
+    quoted_etag,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +101,10 @@ MIN_BODY_BYTES_PER_S = 1024 * 1024
 _LIST_PAGE_BYTES = 4 * 1024 * 1024
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: the client request id of the call running in this asyncio task (set by `_call`'s `_tagged`)
+_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "blobmount_client_request_id", default=None
+)
 _TIMEOUT_TYPES: tuple[type[BaseException], ...] = (
     TimeoutError,
     ServiceRequestTimeoutError,
@@ -225,14 +247,19 @@ def translate_error(exc: BaseException, op: str, what: str) -> StorageError:
         if code == "ContainerNotFound":
             return ContainerNotFound(f"{where}: container not found ({detail})")
         return BlobNotFound(f"{where}: not found ({detail})")
+    if status in THROTTLE_STATUSES:
+        return Throttled(
+            f"{where}: storage busy ({detail})", status=status, retry_after_s=_retry_after_of(exc)
+        )
     if status in _TRANSIENT_STATUS:
         return StorageUnavailable(
             f"{where}: storage unavailable ({detail})", retry_after_s=_retry_after_of(exc)
         )
     for cause in _causes(exc):
+        if isinstance(cause, _TIMEOUT_TYPES):
+            return TimedOut(f"{where}: timed out ({type(cause).__name__})")
         if isinstance(cause, _TRANSIENT_TYPES):
-            kind = "timed out" if isinstance(cause, _TIMEOUT_TYPES) else "connection failed"
-            return StorageUnavailable(f"{where}: {kind} ({type(cause).__name__})")
+            return StorageUnavailable(f"{where}: connection failed ({type(cause).__name__})")
     if status is not None:
         return StorageError(f"{where} failed ({detail})")
     return StorageError(f"{where} failed ({type(exc).__name__})")
@@ -341,6 +368,7 @@ class AzureStorageClient(StorageClient):
     async def _send(self, method: str, url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
         """Send one request; a success answer is returned unread (the caller releases it), any
         other raises HttpStatusError. `url` is already percent-encoded."""
+        headers["x-ms-client-request-id"] = _REQUEST_ID.get() or str(uuid.uuid4())
         query = await self._auth.authorize(headers)
         if query:
             url = f"{url}{'&' if '?' in url else '?'}{query}"
@@ -410,6 +438,55 @@ class AzureStorageClient(StorageClient):
             )
         return cutter.finish()
 
+    async def _get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        """(loop thread) One ranged GET, and the blob's properties from its answer's headers
+        (`rest_parse.props_from_get`); length 0: the properties alone (HEAD)."""
+        if length <= 0:
+            props = await self._get_properties(name)
+            if props.etag != quoted_etag(etag):
+                raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
+            return RangeWithProps(b"", props)
+        headers = {
+            "x-ms-range": f"bytes={start}-{start + length - 1}",
+            "If-Match": quoted_etag(etag),
+        }
+        try:
+            resp = await self._send("GET", self._blob_url(name), headers)
+        except HttpStatusError as exc:
+            if exc.status_code == 416:
+                # past the end (or an empty blob): nothing to read, as `_past_end` decides
+                props = await self._get_properties(name)
+                if props.etag != quoted_etag(etag):
+                    raise BlobChanged(
+                        f"GET {self._where(name)}: the blob changed since it was opened"
+                    ) from None
+                if start < props.size:
+                    raise
+                return RangeWithProps(b"", props)
+            if exc.status_code == 412:
+                await self._get_properties(name)  # raises 404 if gone
+            raise
+        try:
+            try:
+                props = props_from_get(name, resp.status, resp.headers)
+            except ValueError as exc:
+                raise StorageUnavailable(f"GET {self._where(name)}: {exc}") from None
+            body_start, expected = _expected_body(resp, start)
+            cutter = PartCutter(start - body_start, (length,))
+            async for chunk in resp.content.iter_any():
+                cutter.feed(chunk)
+        finally:
+            resp.release()
+        if cutter.body_bytes != expected:
+            raise StorageUnavailable(
+                f"GET {self._where(name)} bytes {start}+{length}: short body "
+                f"({cutter.body_bytes} of {expected} bytes)"
+            )
+        parts = cutter.finish()
+        return RangeWithProps(parts[0] if parts else b"", props)
+
     async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> None:
         """Returns if a 416 meant "nothing there" (the range starts at or after the end)."""
         props = await self._get_properties(name)
@@ -417,6 +494,13 @@ class AzureStorageClient(StorageClient):
             raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
         if start < props.size:
             raise exc  # 416 for a range inside the blob: not something we asked for
+
+    @staticmethod
+    async def _tagged(request_id: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """(loop thread) Run `fn` with `request_id` as the client request id of what it sends
+        (each bridge call is an asyncio task of its own, so the id stays with this call)."""
+        _REQUEST_ID.set(request_id)
+        return await fn()
 
     async def _aclose(self) -> None:
         http, self._http = self._http, None
@@ -450,20 +534,24 @@ class AzureStorageClient(StorageClient):
         if self._closed:
             raise StorageError(f"{op} {self._where(name)} failed: the storage client is closed")
         deadline_s = self.call_deadline_s(body_bytes)
+        request_id = str(uuid.uuid4())
         try:
             # cancelling the bridge call cancels the SDK coroutine and its connection
             with trio.move_on_after(deadline_s):
-                return await self._bridge.run(fn)
+                return await self._bridge.run(lambda: self._tagged(request_id, fn))
         except Exception as exc:
             err = translate_error(exc, op, self._where(name))
+            add_request_id(err, request_id)
             if err is exc:
                 raise
             # `from None`: the SDK's exception text may quote a URL with a SAS in it
             log.debug("%s (%s)", err, type(exc).__name__)
             raise err from None
-        raise StorageUnavailable(
+        timed_out = TimedOut(
             f"{op} {self._where(name)}: timed out (no complete answer in {deadline_s:.1f}s)"
         )
+        add_request_id(timed_out, request_id)
+        raise timed_out
 
     async def list_page(
         self,
@@ -504,6 +592,17 @@ class AzureStorageClient(StorageClient):
             name,
             lambda: self._get_range(name, etag, start, lengths),
             body_bytes=length,
+        )
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        op = f"GET bytes {start}-{start + length - 1} of" if length > 0 else "get properties of"
+        return await self._call(
+            op,
+            name,
+            lambda: self._get_range_with_props(name, etag, start, length),
+            body_bytes=max(0, length),
         )
 
     async def aclose(self) -> None:

@@ -1,7 +1,8 @@
 """The one small interface between blobmount and a blob store.
 
 Three data operations (list a prefix page by page, get a blob's properties, get a byte range of a
-pinned blob version, whole or cut into parts) plus `aclose`. Implementations raise only
+pinned blob version, whole or cut into parts, or with the version's properties from the same
+answer) plus `aclose`. Implementations raise only
 `blobmount.errors` exceptions, so nothing above this layer knows which HTTP stack (or none) is
 underneath. All methods are trio coroutines.
 """
@@ -12,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from blobmount.errors import BlobChanged
 from blobmount.storage.body_parts import split_parts
 
 #: Azure returns at most this many items per list request.
@@ -39,6 +41,14 @@ class ListPage:
     blobs: tuple[BlobProps, ...]
     prefixes: tuple[str, ...]
     continuation: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RangeWithProps:
+    """A range of a blob version, and that version's properties from the same answer."""
+
+    data: bytes
+    props: BlobProps
 
 
 class StorageClient(ABC):
@@ -86,6 +96,22 @@ class StorageClient(ABC):
         """
         data = await self.get_range(name, etag, start, sum(lengths))
         return split_parts(data, lengths)
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        """`get_range`, with the properties of the whole blob version taken from the same
+        answer: its size, ETag, last-modified time and Content-MD5 (of the whole blob, when it
+        has one). `length` 0 asks for the properties alone.
+
+        One request in every client that can read them from a GET's answer; this default, for
+        one that cannot, makes two (the range, then the properties, checked to be that version).
+        """
+        data = await self.get_range(name, etag, start, length) if length > 0 else b""
+        props = await self.get_properties(name)
+        if props.etag != etag:
+            raise BlobChanged(f"blob changed: {name}")
+        return RangeWithProps(data, props)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most clients hold nothing
         """Release connections. The client must not be used afterwards."""

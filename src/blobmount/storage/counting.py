@@ -6,7 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from blobmount.errors import StorageError
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import (
+    MAX_LIST_PAGE,
+    BlobProps,
+    ListPage,
+    RangeWithProps,
+    StorageClient,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,18 @@ class CountingStorageClient(StorageClient):
             raise
         self.range_bytes += sum(len(part) for part in parts)
         return parts
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        self.range_requests += 1  # a GET, whatever else its answer tells
+        try:
+            got = await self.inner.get_range_with_props(name, etag, start, length)
+        except StorageError as exc:
+            self._failed(exc)
+            raise
+        self.range_bytes += len(got.data)
+        return got
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import (
+    MAX_LIST_PAGE,
+    BlobProps,
+    ListPage,
+    RangeWithProps,
+    StorageClient,
+)
 
 OPERATIONS = ("list_page", "get_properties", "get_range")
 
@@ -77,6 +83,12 @@ class FaultyStorageClient(StorageClient):
     ) -> list[bytes]:
         await self._maybe_fail("get_range")  # the same request, cut differently
         return await self.inner.get_range_parts(name, etag, start, lengths)
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        await self._maybe_fail("get_range")  # a GET too, whatever else its answer tells
+        return await self.inner.get_range_with_props(name, etag, start, length)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

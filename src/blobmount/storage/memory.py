@@ -15,7 +15,13 @@ import time
 import trio
 
 from blobmount.errors import BlobChanged, BlobNotFound
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import (
+    MAX_LIST_PAGE,
+    BlobProps,
+    ListPage,
+    RangeWithProps,
+    StorageClient,
+)
 
 _etags = itertools.count(1)
 
@@ -98,3 +104,9 @@ class InMemoryStorageClient(StorageClient):
         if props.etag != etag:
             raise BlobChanged(f"blob changed: {name}")
         return self._data[name][start : start + length]
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        data = await self.get_range(name, etag, start, max(0, length))
+        return RangeWithProps(data, self._props[name])

@@ -86,6 +86,32 @@ def props_from_headers(name: str, headers: Mapping[str, str]) -> BlobProps:
     )
 
 
+def props_from_get(name: str, status: int, headers: Mapping[str, str]) -> BlobProps:
+    """The whole blob's BlobProps from the headers of a Get Blob answer: 206 to a ranged GET, or
+    200 when the whole blob came back.
+
+    A 206 gives the blob's size after the slash of Content-Range and the blob's MD5 in
+    x-ms-blob-content-md5 (its Content-MD5, when there is one, is the range's); a 200 gives them
+    in Content-Length and Content-MD5. Raises ValueError when a 206 has no readable size.
+    """
+    if status == 206:
+        total = headers.get("Content-Range", "").rpartition("/")[2].strip()
+        if not total.isdigit():
+            raise ValueError(f"no blob size in Content-Range {headers.get('Content-Range')!r}")
+        size = int(total)
+        md5 = _md5(headers.get("x-ms-blob-content-md5"))
+    else:
+        size = int(headers.get("Content-Length") or 0)
+        md5 = _md5(headers.get("x-ms-blob-content-md5") or headers.get("Content-MD5"))
+    return BlobProps(
+        name=name,
+        size=size,
+        etag=quoted_etag(headers.get("ETag", "")),
+        last_modified=http_date(headers.get("Last-Modified")),
+        content_md5=md5,
+    )
+
+
 def _name(element: ElementTree.Element | None) -> str:
     if element is None:
         return ""

@@ -5,6 +5,10 @@ error (BlobNotFound, BlobChanged, CredentialError, ContainerNotFound, ...) is fi
 straight through. Backoff is exponential with full jitter, and a server's Retry-After is honoured
 (up to a cap, so a silly header cannot park a read for an hour). Sleeping uses trio.sleep, so
 trio.testing.MockClock makes tests instant.
+
+With a `pacer` (the account's flow controller, storage/flow.py), a retry also waits out the
+account-wide Retry-After pause that another request received; and CircuitOpen (the breaker is
+open: storage has failed every request for a while) ends the operation at once, unretried.
 """
 
 from __future__ import annotations
@@ -13,12 +17,19 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
 from blobmount.errors import StorageUnavailable
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import (
+    MAX_LIST_PAGE,
+    BlobProps,
+    ListPage,
+    RangeWithProps,
+    StorageClient,
+)
+from blobmount.storage.overload import CircuitOpen
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +37,12 @@ T = TypeVar("T")
 
 #: AZUREML_DATASET_HTTP_RETRY_COUNT's default
 DEFAULT_RETRIES = 7
+
+
+class Pacer(Protocol):
+    """What a retry asks of the account's flow controller."""
+
+    def pause_remaining(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,7 @@ class RetryingStorageClient(StorageClient):
         max_delay_s: float = 8.0,
         max_retry_after_s: float = 60.0,
         rng: random.Random | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
@@ -63,6 +81,7 @@ class RetryingStorageClient(StorageClient):
         self._max_delay_s = max_delay_s
         self._max_retry_after_s = max_retry_after_s
         self._rng = rng or random.Random()
+        self._pacer = pacer
         self._retry_count = 0
         self._gave_up = 0
 
@@ -74,6 +93,9 @@ class RetryingStorageClient(StorageClient):
         delay = self._rng.uniform(0.0, ceiling)
         if exc.retry_after_s is not None:
             delay = max(delay, min(exc.retry_after_s, self._max_retry_after_s))
+        if self._pacer is not None:
+            # a Retry-After another request of the account got (the controller caps it)
+            delay = max(delay, self._pacer.pause_remaining())
         return delay
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -81,6 +103,9 @@ class RetryingStorageClient(StorageClient):
         while True:
             try:
                 return await fn()
+            except CircuitOpen as exc:
+                log.debug("%s: %s", what, exc)
+                raise
             except StorageUnavailable as exc:
                 if attempt >= self._retries:
                     self._gave_up += 1
@@ -126,6 +151,14 @@ class RetryingStorageClient(StorageClient):
         return await self._retrying(
             f"GET {name!r} bytes {start}+{sum(lengths)}",
             lambda: self.inner.get_range_parts(name, etag, start, lengths),
+        )
+
+    async def get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        return await self._retrying(
+            f"GET {name!r} bytes {start}+{length}",
+            lambda: self.inner.get_range_with_props(name, etag, start, length),
         )
 
     async def aclose(self) -> None:

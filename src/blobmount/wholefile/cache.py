@@ -1,16 +1,33 @@
 """Whole-file open mode: an opened blob version is downloaded whole into the cache directory,
-and every read of it is then served from that local file.
+and every read of it is then served from that local copy.
 
 Entries live under the cache directory's ``files/`` kind (see `cachedir.layout`): the entry name
 is a hash of (blob name, ETag), so a new version of a blob is a new entry and an entry's bytes
-never change. A download runs `download.transfer.Transfers` (parallel ranged GETs pinned to the
-ETag, into a temporary file renamed when complete and checked against the blob's Content-MD5
-when it has one), so a file under its final name is always a whole version.
+never change. A file under its final name is always a whole, verified version: it is written to
+a temporary name and renamed, after its bytes matched the blob's Content-MD5 when it has one.
 
-Sharing: opens of the same version share one `LocalCopy` (one fd) while any of them is open, and
-wait on one download while it runs. The download runs in the cache's own nursery, so an open
-that is interrupted does not abort it for the others; when the last waiting open gives up, it
-is cancelled (and its temporary removed).
+An open that downloads costs one storage request per part and nothing else (`wholefile.fetch`):
+the first GET's answer, pinned to the version, also gives the blob's size and Content-MD5. Three
+sizes, three paths:
+
+- up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, checked, and the opens waiting
+  for it are answered at once from those bytes; only then is the entry written and renamed, on
+  the trio thread while the disk answers fast (a thread hop costs more than writing a small
+  file to the page cache; `blocks.inline_reads` judges "fast"), else in a worker thread. The
+  copy's fd takes over from the bytes when the write lands. The transfer slot is held until
+  then, so bytes waiting for the disk stay within `download_slots * MEMORY_MAX_BYTES`; the
+  write runs even at unmount (it is short), so a file read once is cached.
+- up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
+- bigger: parts fetched concurrently into a temporary file, renamed once whole and checked
+  (`fetch.fetch_parts`).
+
+A cached open (a copy already open, or its entry on disk) makes no request: the entry is opened
+on the trio thread while the disk answers fast.
+
+Sharing: opens of the same version share one `LocalCopy` while any of them is open or its entry
+is being written, and wait on one download while it runs. The download runs in the cache's own
+nursery, so an open that is interrupted does not abort it for the others; when the last waiting
+open gives up, it is cancelled (and its temporary removed).
 
 Space: the same settings and `Pruner` as the block tier. Before downloading, the file's size is
 reserved; if it does not fit, the pruner removes least-recently-used entries that are not open
@@ -27,42 +44,46 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import trio
 from cachetools import LRUCache
 
+from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate
 from blobmount.blocks.keys import BlobVersion
-from blobmount.cachedir.layout import (
-    CacheLayout,
-    allocated_bytes,
-    free_bytes,
-    temporary_path,
-)
+from blobmount.cachedir.layout import CacheLayout, temporary_path
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.space import SpaceConfig, allocated_size
-from blobmount.download_mode.transfer import DEFAULT_PART_SIZE, TransferConfig, Transfers
-from blobmount.errors import BlobChanged
-from blobmount.storage.base import BlobProps, StorageClient
+from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
+from blobmount.storage.base import StorageClient
 from blobmount.units import format_size
+from blobmount.wholefile import entries
+from blobmount.wholefile.fetch import fetch_parts, fetch_whole
+from blobmount.wholefile.writer import EntryWrite, EntryWriter
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 KIND = "files"
 #: blob names whose last cached ETag is remembered (to remove a replaced version's copy)
 REMEMBERED_VERSIONS = 100_000
-_HASH_CHUNK = 4 * 1024 * 1024
 #: reads of local copies in worker threads at once (page-cache hits take microseconds, so this
 #: only bounds threads stuck waiting for the disk)
 READ_THREADS = 16
+#: a version up to this size (and one part) is served from memory while its entry is written
+MEMORY_MAX_BYTES = INLINE_MAX_BYTES
+#: at most this many failed background writes are logged as warnings (then at debug level)
+_WRITE_FAILURES_LOGGED = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +92,7 @@ class WholeFileConfig:
     space: SpaceConfig
     #: ranged GETs in flight across all downloads (DATASET_MOUNT_READ_THREADS)
     download_slots: int
+    #: a version up to this size is one GET, served from memory while its entry is written
     part_size: int = DEFAULT_PART_SIZE
     rescan_interval_s: float = 300.0
 
@@ -96,21 +118,31 @@ class WholeFileStats:
 
 
 class LocalCopy:
-    """One cached blob version, open for reading, shared by the handles open on it."""
+    """One cached blob version, open for reading, shared by the handles open on it.
 
-    __slots__ = ("fd", "path", "size", "users")
+    A version fetched into memory is read from `data` while it is open (`fd` is -1); one found
+    on disk or downloaded in parts is read through `fd`.
+    """
 
-    def __init__(self, path: Path, fd: int, size: int) -> None:
+    __slots__ = ("bad", "data", "fd", "path", "size", "users", "writing")
+
+    def __init__(self, path: Path, fd: int, size: int, data: bytes | None = None) -> None:
         self.path = path
         self.fd = fd
         self.size = size
+        self.data = data
         self.users = 0
+        #: its entry is being written in the background
+        self.writing = False
+        #: why its bytes turned out wrong (Content-MD5 mismatch) after it was opened: its
+        #: reads fail from then on
+        self.bad: str | None = None
 
 
 class _Download:
     """A download in progress, and the opens waiting for it."""
 
-    __slots__ = ("copy", "done", "error", "fits", "scope", "waiters")
+    __slots__ = ("copy", "done", "error", "fits", "scope", "waiters", "write_here")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -119,10 +151,23 @@ class _Download:
         self.error: Exception | None = None
         self.fits = True
         self.waiters = 0
+        #: its copy's entry, to write in this task once the opens are answered
+        self.write_here: EntryWrite | None = None
 
 
 class _DoesNotFit(Exception):
     pass
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    """A copy fetched into memory whose entry the writer is writing, and what that holds: the
+    bytes reserved for it in the cache and its transfer slot."""
+
+    copy: LocalCopy
+    version: BlobVersion
+    estimate: int
+    slot: object
 
 
 class WholeFileCache:
@@ -149,22 +194,23 @@ class WholeFileCache:
             keep=self._in_use,
         )
         slots = max(1, config.download_slots)
-        self._transfers = Transfers(
-            storage,
-            None,
-            # no early writeback: nothing here waits for the disk (see start_writeback)
-            TransferConfig(part_size=config.part_size, verify=True, start_writeback=False),
-            slots=trio.CapacityLimiter(slots),
-            threads=trio.CapacityLimiter(slots),
-        )
+        #: GETs in flight, and fetched bytes not yet written (see the module docstring)
+        self._slots = trio.CapacityLimiter(slots)
         self._io_limiter = trio.CapacityLimiter(slots)
         #: worker threads reading local copies for FUSE reads
         self.read_limiter = trio.CapacityLimiter(READ_THREADS)
+        #: whether an entry is opened on the trio thread (while the disk answers fast)
+        self._in_place = InlineReadGate()
+        #: versions up to this size are fetched into memory and served from there at once
+        self._memory_max = min(MEMORY_MAX_BYTES, config.part_size)
+        #: writes the entries of copies fetched into memory (its `run` is the cache's task)
+        self.writer = EntryWriter(self._io_limiter, self._write_landed)
+        self._writes: dict[Path, EntryWrite] = {}
         self._open: dict[Path, LocalCopy] = {}
         self._downloads: dict[Path, _Download] = {}
         #: entries that must not be pruned: open, or being downloaded and not yet open
         self._pinned: set[Path] = set()
-        #: entries whose Content-MD5 this process has checked
+        #: entries whose Content-MD5 this process has checked (or wrote from checked bytes)
         self._verified: set[Path] = set()
         self._latest_etag: LRUCache[str, str] = LRUCache(REMEMBERED_VERSIONS)
         self._fallback_logged: set[str] = set()
@@ -175,6 +221,7 @@ class WholeFileCache:
         self._failed = 0
         self._fallbacks = 0
         self._corrupt = 0
+        self._write_failures = 0
         #: bytes handed to readers (WholeFileReader adds to it)
         self.served_bytes = 0
 
@@ -184,6 +231,9 @@ class WholeFileCache:
     def _in_use(self, path: Path) -> bool:
         # called by the pruner from a worker thread; set membership is atomic under the GIL
         return Path(path) in self._pinned
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
 
     # -- open / close ------------------------------------------------------------------------
 
@@ -219,13 +269,21 @@ class WholeFileCache:
             # the download was abandoned by everyone else just before we came: start again
 
     def release(self, copy: LocalCopy) -> None:
-        """One handle on `copy` closed; the last one closes its fd (the entry may be pruned)."""
+        """One handle on `copy` closed; the last one closes its fd (the entry may be pruned),
+        unless its entry is still being written (the write then closes it)."""
         copy.users -= 1
-        if copy.users <= 0 and self._open.get(copy.path) is copy:
+        if copy.users <= 0 and not copy.writing:
+            self._drop(copy)
+
+    def _drop(self, copy: LocalCopy) -> None:
+        if self._open.get(copy.path) is copy:
             del self._open[copy.path]
             self._unpin_if_idle(copy.path)
+        copy.data = None
+        fd, copy.fd = copy.fd, -1
+        if fd >= 0:
             with contextlib.suppress(OSError):
-                os.close(copy.fd)
+                os.close(fd)
 
     async def _wait(self, download: _Download) -> LocalCopy | None:
         """Wait for a download: its copy (one use of it is ours), or None if the file does not
@@ -253,11 +311,12 @@ class WholeFileCache:
         self._pinned.add(path)
         copy = None
         try:
-            fd = await trio.to_thread.run_sync(_open_touched, path, limiter=self._io_limiter)
-            if fd is None:
+            found = await self._open_entry(path)
+            if found is None:
                 return None
+            fd, size = found
             try:
-                ok = await self._verify(version, path, fd)
+                ok = await self._verify(version, path, fd, size)
             except BaseException:
                 os.close(fd)
                 raise
@@ -277,16 +336,29 @@ class WholeFileCache:
             if copy is None:
                 self._unpin_if_idle(path)
 
-    async def _verify(self, version: BlobVersion, path: Path, fd: int) -> bool:
+    async def _open_entry(self, path: Path) -> tuple[int, int] | None:
+        """`entries.open_entry`, on the trio thread while the disk answers fast."""
+        gate = self._in_place
+        if not gate.allows(0):
+            return await trio.to_thread.run_sync(
+                entries.open_entry, path, limiter=self.read_limiter
+            )
+        started = time.monotonic()
+        try:
+            return entries.open_entry(path)
+        finally:
+            gate.record(time.monotonic() - started)
+
+    async def _verify(self, version: BlobVersion, path: Path, fd: int, size: int) -> bool:
         """Size always; Content-MD5 (when the blob has one) once per entry and process."""
-        if os.fstat(fd).st_size != version.size:
+        if size != version.size:
             return False
         if path in self._verified:
             return True
         props = await self._storage.get_properties(version.name)
         if props.etag != version.etag or props.content_md5 is None:
             return True
-        digest = await trio.to_thread.run_sync(_md5_of, fd, limiter=self._io_limiter)
+        digest = await self._in_thread(entries.md5_of, fd)
         return hmac.compare_digest(digest, props.content_md5)
 
     def _register(self, path: Path, fd: int, version: BlobVersion, *, users: int) -> LocalCopy:
@@ -301,7 +373,7 @@ class WholeFileCache:
         return copy
 
     async def _remove(self, path: Path) -> None:
-        freed = await trio.to_thread.run_sync(_unlink, path, limiter=self._io_limiter)
+        freed = await self._in_thread(entries.unlink, path)
         if freed:
             self.pruner.budget.removed(freed)
 
@@ -312,7 +384,11 @@ class WholeFileCache:
         if previous is None or previous == version.etag:
             return
         old = self.path(BlobVersion(version.name, previous, 0))
-        if old not in self._pinned:
+        write = self._writes.get(old)
+        if write is not None and isinstance(write.owner, _PendingWrite):
+            if write.owner.copy.users <= 0:
+                write.cancelled = True  # not written if not started; removed if it was
+        elif old not in self._pinned:
             self._nursery.start_soon(self._remove, old)
 
     # -- downloading ---------------------------------------------------------------------------
@@ -326,10 +402,18 @@ class WholeFileCache:
     async def _run_download(self, version: BlobVersion, path: Path, download: _Download) -> None:
         try:
             with download.scope:
-                fd = await self._download(version, path)
-                self._verified.add(path)
-                # one use for each open waiting now; each of them takes it without a checkpoint
-                download.copy = self._register(path, fd, version, users=download.waiters)
+                if version.size <= self._memory_max:
+                    download.copy = await self._fetch_into_memory(version, path, download)
+                else:
+                    if version.size <= self.config.part_size:
+                        fd = await self._fetch_whole_to_disk(version, path)
+                    else:
+                        fd = await self._fetch_to_disk(version, path)
+                    self._verified.add(path)
+                    # one use for each open waiting now; each takes it without a checkpoint
+                    download.copy = self._register(path, fd, version, users=download.waiters)
+                self._downloads_done += 1
+                self._downloaded_bytes += version.size
         except _DoesNotFit:
             download.fits = False
         except OSError as exc:
@@ -353,14 +437,124 @@ class WholeFileCache:
                 download.copy = None
             self._unpin_if_idle(path)
             download.done.set()
+        if download.write_here is not None:
+            await self.writer.write_here(download.write_here)
 
-    async def _download(self, version: BlobVersion, path: Path) -> int:
-        """Download `version` to `path`; the open fd of the finished file."""
-        started = trio.current_time()
-        props = await self._storage.get_properties(version.name)
-        if props.etag != version.etag:
-            raise BlobChanged(f"{version.name} changed while being opened; open it again")
-        size = props.size
+    async def _reserve(self, version: BlobVersion, path: Path) -> tuple[int, object]:
+        """Room for `version`'s entry and a transfer slot: (the bytes reserved, the slot's
+        borrower). Raises _DoesNotFit; undo with `_unreserve`."""
+        estimate = allocated_size(version.size, self._alloc_unit)
+        if not await self._make_room(version.name, estimate):
+            raise _DoesNotFit
+        self.pruner.begin_write(path, estimate)
+        slot = object()
+        try:
+            await self._slots.acquire_on_behalf_of(slot)
+        except BaseException:
+            self.pruner.end_write(path, estimate, 0, None)
+            raise
+        return estimate, slot
+
+    def _unreserve(
+        self, path: Path, estimate: int, slot: object, written: int = 0, free: int | None = None
+    ) -> None:
+        self._slots.release_on_behalf_of(slot)
+        self.pruner.end_write(path, estimate, written, free)
+
+    async def _fetch_into_memory(
+        self, version: BlobVersion, path: Path, download: _Download
+    ) -> LocalCopy:
+        """One GET of a small version, whose copy is served from memory at once; the writer
+        checks and writes its entry meanwhile (`_write_landed` gives back the room and the
+        slot taken here)."""
+        estimate, slot = await self._reserve(version, path)
+        try:
+            data, props = await fetch_whole(
+                self._storage, version, self._in_thread, check_md5=False
+            )
+        except BaseException:
+            self._unreserve(path, estimate, slot)
+            raise
+        # No checkpoint from here to `done`: each open waiting now takes one use of the copy.
+        found = self._open.get(path)
+        if found is not None:
+            # another process wrote the entry meanwhile, and an open found it: use that copy
+            self._unreserve(path, estimate, slot)
+            found.users += download.waiters
+            return found
+        copy = self._open[path] = LocalCopy(path, -1, version.size, data)
+        self._pinned.add(path)
+        copy.users = download.waiters
+        copy.writing = True
+        self._note_latest(version)
+        write = EntryWrite(os.fspath(path), data, props.content_md5)
+        write.owner = _PendingWrite(copy, version, estimate, slot)
+        self._writes[path] = write
+        if self.writer.busy or len(self._downloads) > 1:
+            self.writer.submit(write)
+        else:
+            # alone: written here once the opens have their answer (`_run_download`)
+            download.write_here = write
+        return copy
+
+    def _write_landed(self, write: EntryWrite) -> None:
+        """(trio thread) The writer is done with a copy's entry: written, or not."""
+        pending = write.owner
+        assert isinstance(pending, _PendingWrite)
+        copy, version = pending.copy, pending.version
+        if self._writes.get(copy.path) is write:
+            del self._writes[copy.path]
+        written = pending.estimate if write.outcome == "written" else 0
+        self._unreserve(copy.path, pending.estimate, pending.slot, written, None)
+        copy.writing = False
+        if write.outcome == "written":
+            self._verified.add(copy.path)  # written from checked bytes
+            if self._latest_etag.get(version.name) != version.etag and copy.users <= 0:
+                self._nursery.start_soon(self._remove, copy.path)  # replaced meanwhile
+        elif write.outcome == "corrupt":
+            self._failed += 1
+            self._corrupt += 1
+            copy.bad = f"{version.name}: the bytes received do not match its Content-MD5"
+            log.warning("whole-file cache: %s; not cached, its open handles fail", copy.bad)
+            if self._open.get(copy.path) is copy:  # later opens download it again
+                del self._open[copy.path]
+                self._unpin_if_idle(copy.path)
+        elif write.outcome == "failed":
+            exc = write.error
+            if exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.pruner.report_full(os.strerror(exc.errno), disk_says_so=True)
+            self._write_failures += 1
+            quiet = self._write_failures > _WRITE_FAILURES_LOGGED
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "whole-file cache: cannot write the copy of %s (%s); it is served from memory "
+                "while open, and downloaded again by a later open",
+                version.name,
+                exc,
+            )
+        if copy.users <= 0:
+            self._drop(copy)
+
+    async def _fetch_whole_to_disk(self, version: BlobVersion, path: Path) -> int:
+        """One GET of a version up to one part, written to its entry before the open returns
+        (too big to hold in memory while the write waits); the open fd of the entry."""
+        estimate, slot = await self._reserve(version, path)
+        written = 0
+        free: int | None = None
+        try:
+            data, _ = await fetch_whole(self._storage, version, self._in_thread)
+            fd, written, free = await self._in_thread(entries.write_entry, os.fspath(path), data)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.pruner.report_full(os.strerror(exc.errno), disk_says_so=True)
+            raise
+        finally:
+            self._unreserve(path, estimate, slot, written, free)
+        return fd
+
+    async def _fetch_to_disk(self, version: BlobVersion, path: Path) -> int:
+        """Fetch a version bigger than one part into its entry; the open fd of the entry."""
+        size = version.size
         estimate = allocated_size(size, self._alloc_unit)
         if not await self._make_room(version.name, estimate):
             raise _DoesNotFit
@@ -368,35 +562,36 @@ class WholeFileCache:
         written = 0
         free: int | None = None
         try:
-            blob = BlobProps(
-                version.name, size, version.etag, props.last_modified, props.content_md5
+            await self._in_thread(entries.make_folder, path.parent)
+            await fetch_parts(
+                self._storage,
+                version,
+                path,
+                temporary_path(path),
+                part_size=self.config.part_size,
+                slots=self._slots,
+                run=self._in_thread,
             )
-            await trio.to_thread.run_sync(_make_folder, path.parent, limiter=self._io_limiter)
-            await self._transfers.fetch_to(blob, path, temporary_path(path), lambda n: None)
-            fd, written, free = await trio.to_thread.run_sync(
-                _open_after_download, path, limiter=self._io_limiter
-            )
+            fd, written, free = await self._in_thread(entries.open_after_download, path)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.pruner.report_full(os.strerror(exc.errno), disk_says_so=True)
             raise
         finally:
             self.pruner.end_write(path, estimate, written, free)
-        self._downloads_done += 1
-        self._downloaded_bytes += size
-        elapsed = trio.current_time() - started
-        log.info(
-            "whole-file cache: downloaded %s (%s) in %.2fs",
-            version.name,
-            format_size(size),
-            elapsed,
-        )
+        log.info("whole-file cache: downloaded %s (%s)", version.name, format_size(size))
         return fd
 
     async def _make_room(self, name: str, estimate: int) -> bool:
         await self.pruner.ready.wait()
         capacity = self.pruner.budget.capacity()
         # larger than the whole cache: pruning everything would not help, so do not try
+        if estimate <= capacity and await self.pruner.make_room(estimate):
+            return True
+        # Writes in flight hold room that no pass can free until their entries are on disk
+        # (and the budget then counts them as they are): let them land, and look again.
+        await self.writer.settled()
+        capacity = self.pruner.budget.capacity()
         if estimate <= capacity and await self.pruner.make_room(estimate):
             return True
         self._fallbacks += 1
@@ -413,10 +608,12 @@ class WholeFileCache:
         return False
 
     def close_all(self) -> None:
-        """Close every open copy's fd (at unmount, when no handle can read any more)."""
+        """Close every open copy's fd (at unmount, when no handle can read any more); a copy
+        whose entry is still being written is closed by its write as it ends."""
         for copy in list(self._open.values()):
             copy.users = 0
-            self.release(copy)
+            if not copy.writing:
+                self._drop(copy)
 
     def statistics(self) -> WholeFileStats:
         return WholeFileStats(
@@ -429,55 +626,10 @@ class WholeFileCache:
             failed_downloads=self._failed,
             fallbacks=self._fallbacks,
             corrupt=self._corrupt,
-            open_copies=len(self._open),
+            # a copy whose entry is still being written, but that nobody has open, is not open
+            open_copies=sum(1 for copy in self._open.values() if copy.users > 0),
             space=self.pruner.statistics(),
         )
-
-
-# -- blocking helpers (worker threads) ---------------------------------------------------------
-
-
-def _open_touched(path: Path) -> int | None:
-    """Open an entry for reading and mark it used now (its mtime is its LRU time)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(fd)
-    return fd
-
-
-def _open_after_download(path: Path) -> tuple[int, int, int]:
-    """(fd, allocated bytes, free bytes on the disk) of a just-downloaded entry."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        os.utime(fd)  # the download set the blob's mtime; the cache orders by last use
-    st = os.fstat(fd)
-    return fd, allocated_bytes(st), free_bytes(path.parent)[0]
-
-
-def _make_folder(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-
-
-def _md5_of(fd: int) -> bytes:
-    digest = hashlib.md5()
-    offset = 0
-    while chunk := os.pread(fd, _HASH_CHUNK, offset):
-        digest.update(chunk)
-        offset += len(chunk)
-    return digest.digest()
-
-
-def _unlink(path: Path) -> int:
-    """Remove an entry; the bytes it occupied (0 if it was not there)."""
-    try:
-        size = allocated_bytes(os.stat(path))
-        os.unlink(path)
-    except FileNotFoundError:
-        return 0
-    return size
 
 
 # -- lifetime ----------------------------------------------------------------------------------
@@ -504,6 +656,7 @@ async def open_whole_file_cache(
                 storage, config, location, cache_dir.layout, cache_dir.alloc_unit, nursery
             )
             nursery.start_soon(cache.pruner.run)
+            nursery.start_soon(cache.writer.run)
             try:
                 yield cache
             finally:

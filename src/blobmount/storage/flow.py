@@ -1,0 +1,262 @@
+"""FlowController: one per storage account, shared by every request to it. It decides when a
+request may be sent:
+
+1. not while the breaker is open (storage/breaker.py): then it fails at once with CircuitOpen;
+2. not before a Retry-After that storage sent to any request of the account has passed;
+3. only with a slot: at most `limit` requests in flight, the adaptive limit of storage/aimd.py.
+
+and learns from each answer (`Sent.answered`, `Sent.failed`). Waiting for a slot is bounded
+(`max_queue_wait_s`): past it the request goes anyway, so a queue behind stalled requests cannot
+stretch a read beyond its bound.
+
+Controllers are kept per account in a trio RunVar (`account_flow`): every storage stack opened
+in one process (one trio run) on the same account shares one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import trio
+
+from blobmount.storage.aimd import InFlightLimit
+from blobmount.storage.breaker import Admission, BreakerState, CircuitBreaker
+from blobmount.storage.overload import CircuitOpen, Throttled, TimedOut, is_congestion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowConfig:
+    """How one account's requests are paced (built from the settings in compose.storage)."""
+
+    enabled: bool = True
+    #: the most requests in flight the limit may allow
+    max_in_flight: int = 32
+    #: seconds of nothing but failures before new requests fail at once; 0: never
+    breaker_open_after_s: float = 5.0
+    breaker_probe_interval_s: float = 2.0
+    #: the longest an account-wide Retry-After pause is honoured
+    max_retry_after_s: float = 60.0
+    #: the longest a request waits for a slot before it goes anyway
+    max_queue_wait_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStats:
+    """What the flow controller of the account has seen and decided."""
+
+    in_flight: int  # requests sent and not answered yet
+    in_flight_limit: int  # how many it allows now
+    in_flight_limit_max: int  # the most it ever allows
+    sent: int  # requests sent to storage (every try of every operation)
+    throttled: int  # answers saying storage is over its targets (503, 500, 429)
+    timeouts: int  # requests with no complete answer in time
+    limit_cuts: int  # times the limit was cut
+    queued_s: float  # seconds requests waited, in all, for a slot or a Retry-After pause
+    breaker: str  # "closed", "open" or "half-open"
+    breaker_open_s: float  # how long it has been open; 0 when closed
+    breaker_opened: int  # times it opened
+    fast_failures: int  # requests failed at once, unsent, because the breaker was open
+
+
+class Sent:
+    """One request holding a slot: report how it ended exactly once."""
+
+    __slots__ = ("_controller", "_done", "_probe", "_token", "sent_at")
+
+    def __init__(self, controller: FlowController, token: object, probe: bool) -> None:
+        self._controller = controller
+        self._token = token
+        self._probe = probe
+        self._done = False
+        self.sent_at = trio.current_time()
+
+    def answered(self) -> None:
+        """Storage answered (a success, or a permanent error such as 404)."""
+        if self._finish():
+            self._controller._answered(self._token, self._probe)
+
+    def failed(self, exc: BaseException, key: str) -> None:
+        """A transient failure (StorageUnavailable) of a request for `key`."""
+        if self._finish():
+            self._controller._failed(self._token, exc, key, self.sent_at, self._probe)
+
+    def abandoned(self) -> None:
+        """Cancelled, or ended in something that says nothing about storage."""
+        if self._finish():
+            self._controller._abandoned(self._token, self._probe)
+
+    def _finish(self) -> bool:
+        if self._done:
+            return False
+        self._done = True
+        return True
+
+
+class FlowController:
+    """The flow controller of one storage account (see the module docstring)."""
+
+    def __init__(self, account: str, config: FlowConfig) -> None:
+        self.account = account
+        self.config = config
+        ceiling = max(1, config.max_in_flight)
+        self._limit = InFlightLimit(ceiling)
+        self._slots = trio.CapacityLimiter(ceiling)
+        self._breaker = CircuitBreaker(
+            open_after_s=config.breaker_open_after_s,
+            probe_interval_s=config.breaker_probe_interval_s,
+        )
+        self._paused_until = -math.inf
+        self._sent = 0
+        self._throttled = 0
+        self._timeouts = 0
+        self._cuts = 0
+        self._queued_s = 0.0
+        self._fast_failures = 0
+        self._in_flight = 0
+
+    # -- what callers use ----------------------------------------------------------------
+
+    def pause_remaining(self) -> float:
+        """Seconds until the account's Retry-After pause ends (0 when none)."""
+        return max(0.0, self._paused_until - trio.current_time())
+
+    def _reject(self, what: str) -> CircuitOpen:
+        self._fast_failures += 1
+        return CircuitOpen(
+            f"{what}: not sent, storage of {self.account} has failed every request for "
+            f"{self._breaker.open_s(trio.current_time()):.0f}s (circuit open)"
+        )
+
+    async def acquire(self, what: str) -> Sent:
+        """Wait until a request may be sent; raises CircuitOpen at once while the breaker is
+        open. The caller must end the returned `Sent` (answered, failed or abandoned)."""
+        if not self.config.enabled:
+            return self._hold(object(), probe=False)
+        if self._breaker.rejects(trio.current_time()):
+            raise self._reject(what)
+        started = trio.current_time()
+        token = object()
+        try:
+            # a pause may be pushed back while this one waits: wait until none is left
+            while (pause := self.pause_remaining()) > 0:  # noqa: ASYNC110
+                await trio.sleep(pause)
+            with trio.move_on_after(self.config.max_queue_wait_s) as waited:
+                await self._slots.acquire_on_behalf_of(token)
+            if waited.cancelled_caught:
+                token = None  # goes without a slot: storage stalls, a read must not wait more
+                log.debug("%s: no slot after %.1fs; sending anyway", what, self._waited(started))
+        finally:
+            self._queued_s += trio.current_time() - started
+        admission = self._breaker.admit(trio.current_time())
+        if admission is Admission.REJECT:
+            if token is not None:
+                self._slots.release_on_behalf_of(token)
+            raise self._reject(what)
+        return self._hold(token, probe=admission is Admission.PROBE)
+
+    def statistics(self) -> FlowStats:
+        now = trio.current_time()
+        return FlowStats(
+            in_flight=self._in_flight,
+            in_flight_limit=self._limit.limit,
+            in_flight_limit_max=self._limit.ceiling,
+            sent=self._sent,
+            throttled=self._throttled,
+            timeouts=self._timeouts,
+            limit_cuts=self._cuts,
+            queued_s=self._queued_s,
+            breaker=self._breaker.state.value,
+            breaker_open_s=self._breaker.open_s(now),
+            breaker_opened=self._breaker.opened,
+            fast_failures=self._fast_failures,
+        )
+
+    @property
+    def breaker_state(self) -> BreakerState:
+        return self._breaker.state
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _waited(self, started: float) -> float:
+        return trio.current_time() - started
+
+    def _hold(self, token: object | None, *, probe: bool) -> Sent:
+        self._sent += 1
+        self._in_flight += 1
+        return Sent(self, token, probe)
+
+    def _release(self, token: object | None) -> None:
+        self._in_flight -= 1
+        if token is not None and self.config.enabled:
+            self._slots.release_on_behalf_of(token)
+
+    def _abandoned(self, token: object | None, probe: bool) -> None:
+        self._release(token)
+        if probe:
+            self._breaker.probe_abandoned()
+
+    def _saturated(self) -> bool:
+        stats = self._slots.statistics()
+        # this request's slot is still held: all taken, or someone waits for one
+        return stats.tasks_waiting > 0 or stats.borrowed_tokens >= self._limit.limit
+
+    def _answered(self, token: object | None, probe: bool) -> None:
+        now = trio.current_time()
+        if self.config.enabled:
+            self._limit.on_success(now, saturated=self._saturated())
+        self._release(token)
+        self._apply_limit()
+        self._breaker.on_answer(now, probe=probe)
+
+    def _failed(
+        self, token: object | None, exc: BaseException, key: str, sent_at: float, probe: bool
+    ) -> None:
+        self._release(token)
+        now = trio.current_time()
+        if isinstance(exc, Throttled):
+            self._throttled += 1
+        elif isinstance(exc, TimedOut):
+            self._timeouts += 1
+        if self.config.enabled:
+            if is_congestion(exc) and self._limit.on_congestion(sent_at, now):
+                self._cuts += 1
+                self._apply_limit()
+                log.info(
+                    "storage of %s pushes back (%s): at most %d requests in flight",
+                    self.account,
+                    type(exc).__name__,
+                    self._limit.limit,
+                )
+            retry_after = getattr(exc, "retry_after_s", None)
+            if retry_after:
+                pause = min(float(retry_after), self.config.max_retry_after_s)
+                self._paused_until = max(self._paused_until, now + pause)
+        self._breaker.on_failure(now, key, probe=probe)
+
+    def _apply_limit(self) -> None:
+        if not self.config.enabled:
+            return
+        limit = self._limit.limit
+        if self._slots.total_tokens != limit:
+            self._slots.total_tokens = limit
+
+
+_FLOWS: trio.lowlevel.RunVar[dict[str, FlowController]] = trio.lowlevel.RunVar("blobmount_flows")
+
+
+def account_flow(account: str, config: FlowConfig) -> FlowController:
+    """The flow controller of `account` in this trio run, made with `config` by the first
+    caller (later callers share it, whatever config they pass)."""
+    try:
+        flows = _FLOWS.get()
+    except LookupError:
+        flows = {}
+        _FLOWS.set(flows)
+    controller = flows.get(account)
+    if controller is None:
+        controller = flows[account] = FlowController(account, config)
+    return controller
