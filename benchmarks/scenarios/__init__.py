@@ -6,7 +6,7 @@ file. Modules that register nothing are the harness itself; their imports point 
 `plans` at the bottom through `base` and the systems to `lineup` (benchmarks/README.md, Layout).
 
 Numbers follow issue #9: 1-5 are the seed's "Optimum mount settings for common scenarios" in its
-order, 6 is listing and 7 is download mode.
+order, 6 is listing and 7 is download mode; 8 is the small files behind a throttle (issue #27).
 """
 
 from __future__ import annotations

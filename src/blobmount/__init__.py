@@ -19,15 +19,27 @@ from typing import TYPE_CHECKING, Any
 
 from blobmount._version import __version__
 
-__all__ = ["__version__", "download", "mount", "mount_stats", "unmount"]
+__all__ = [
+    "__version__",
+    "create_snapshot",
+    "diff_snapshots",
+    "download",
+    "mount",
+    "mount_stats",
+    "snapshot_info",
+    "unmount",
+]
 
 if TYPE_CHECKING:
+    from blobmount.api import create_snapshot as create_snapshot
+    from blobmount.api import diff_snapshots as diff_snapshots
     from blobmount.api import download as download
     from blobmount.api import mount as mount
     from blobmount.api import mount_stats as mount_stats
+    from blobmount.api import snapshot_info as snapshot_info
     from blobmount.api import unmount as unmount
 
-_LAZY = ("download", "mount", "mount_stats", "unmount")
+_LAZY = frozenset(__all__) - {"__version__"}
 
 
 def __getattr__(name: str) -> Any:

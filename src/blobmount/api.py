@@ -11,6 +11,12 @@
 
     blobmount.download("az://datasets/mnist", "/tmp/mnist")
 
+    from blobmount.api import create_snapshot
+    create_snapshot("az://datasets/imagenet", "az://datasets/snapshots/imagenet.bmsnap")
+    with blobmount.mount("az://datasets/imagenet",
+                         snapshot="az://datasets/snapshots/imagenet.bmsnap") as data:
+        ...                            # the recorded version, on every node, without listing
+
 This is the command line's own code path, not a second one: mounting is `blobmount.launch` (which
 validates the settings and the URI, spawns the same background daemon and waits on the same
 readiness pipe), downloading is `blobmount.compose.download`, both also used by `blobmount.cli`.
@@ -30,6 +36,10 @@ from typing import Any
 import trio
 
 from blobmount.compose.download import download_config, run_download
+from blobmount.compose.snapshots import CreatedSnapshot, SnapshotInfo
+from blobmount.compose.snapshots import create_snapshot as _create_snapshot
+from blobmount.compose.snapshots import diff_snapshots as _diff_snapshots
+from blobmount.compose.snapshots import snapshot_info as _snapshot_info
 from blobmount.datastores import resolve_source
 from blobmount.download_mode.downloader import DownloadResult
 from blobmount.errors import BlobmountError, MountPointError
@@ -46,17 +56,24 @@ from blobmount.launch import (
 from blobmount.runstate import stats_socket
 from blobmount.settings import load_settings
 from blobmount.snapshot import MountSnapshot
+from blobmount.snapshots.diff import SnapshotDiff
 from blobmount.stats import fetch_snapshot
 
 __all__ = [
+    "CreatedSnapshot",
     "DownloadFailed",
     "FuseUnavailable",
     "MountFailed",
     "RunningMount",
+    "SnapshotDiff",
+    "SnapshotInfo",
+    "create_snapshot",
+    "diff_snapshots",
     "download",
     "fuse_problem",
     "mount",
     "mount_stats",
+    "snapshot_info",
     "start_mount",
     "unmount",
 ]
@@ -131,3 +148,39 @@ def mount_stats(mountpoint: PathArg) -> MountSnapshot:
         return fetch_snapshot(stats_socket(Path(mountpoint).absolute()))
     except OSError as exc:
         raise MountPointError(f"no live mount at {mountpoint} ({exc.strerror or exc})") from None
+
+
+def create_snapshot(uri: str, dest: PathArg, **settings: Any) -> CreatedSnapshot:
+    """Record every blob under `uri` (one flat listing) and write the snapshot to `dest`, a
+    local path or a blob URI in any source form, as ``blobmount snapshot create`` does. Mount
+    it with ``blobmount.mount(uri, snapshot=dest)``; ``download`` takes ``snapshot=`` too.
+
+    Raises:
+        TypeError: a keyword names no setting.
+        ConfigError, SourceError, CredentialError: see `start_mount`.
+        StorageError: the source could not be listed, or the snapshot blob not written.
+        SnapshotError: the snapshot could not be written there.
+    """
+    loaded = load_settings(**settings)
+    return trio.run(_create_snapshot, loaded, resolve_source(uri), str(dest))
+
+
+def snapshot_info(ref: PathArg, **settings: Any) -> SnapshotInfo:
+    """The header of the snapshot at `ref` (source, time, entries, bytes), after checking that
+    the file is whole (``blobmount snapshot show``).
+
+    Raises:
+        SnapshotError: not a snapshot, another format version, truncated or corrupt.
+        StorageError: a snapshot blob that cannot be read.
+    """
+    return trio.run(_snapshot_info, load_settings(**settings), str(ref))
+
+
+def diff_snapshots(old: PathArg, new: PathArg, **settings: Any) -> SnapshotDiff:
+    """The blobs added, removed and changed from snapshot `old` to `new`
+    (``blobmount snapshot diff``).
+
+    Raises:
+        SnapshotError, StorageError: as `snapshot_info`, for either.
+    """
+    return trio.run(_diff_snapshots, load_settings(**settings), str(old), str(new))

@@ -111,7 +111,7 @@ async def serve(
     settings, spec = request.settings, request.spec
     async with open_storage(settings, spec, storage_factory) as stack:
         storage, retrying = stack.counting, stack.retrying
-        await check_source(storage, spec)
+        await check_source(stack.client, spec)
         async with (
             # first: a metrics port in use stops the mount before anything is mounted
             open_metrics(settings.metrics_addr) as metrics,

@@ -217,5 +217,13 @@ def setup_logging(
         root.addHandler(handler)
     root.setLevel(level)
     # The Azure SDK logs every request at INFO (URLs included); keep it to real problems.
-    for noisy in ("azure", "azure.core.pipeline.policies.http_logging_policy", "aiohttp"):
+    # (blobmount's own request lines are storage.request_log's, at DEBUG; asyncio's DEBUG
+    # records only name its event loop's selector.)
+    noisy_loggers = (
+        "azure",
+        "azure.core.pipeline.policies.http_logging_policy",
+        "aiohttp",
+        "asyncio",
+    )
+    for noisy in noisy_loggers:
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -366,6 +366,26 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _SnapshotRef(_Rule):
+    """Where a dataset snapshot is: a blob URI (kept as given) or a local path (made absolute)."""
+
+    allowed = "a snapshot file's path, or its blob URI in any source form (az://, https://, ...)"
+
+    def parse(self, value: object) -> str:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            raise ValueError("not a path or URI")
+        text = value.strip()
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+            return text
+        # absolute now: the daemon may change directory after it starts
+        return str(Path(text).expanduser().absolute())
+
+    def format(self, value: Any) -> str:
+        return redact(str(value))  # a blob URI may carry a SAS
+
+
 class _Optional(_Rule):
     """Wraps a rule for a field whose default None has a meaning (`none_text`)."""
 
@@ -532,6 +552,9 @@ class Settings(BaseSettings):
     breaker_seconds: Annotated[
         float, _Float(what="a number of seconds", at_least=0.0, unit=" s")
     ] = _env("DATASET_MOUNT_BREAKER_SECONDS", 5.0)
+    snapshot: Annotated[str | None, _Optional(_SnapshotRef(), "none (list the source)")] = _env(
+        "DATASET_MOUNT_SNAPSHOT"
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

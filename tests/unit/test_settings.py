@@ -79,6 +79,7 @@ CASES: list[tuple[str, str, Any, str, Any, str]] = [
     ("kernel_max_background", "DATASET_MOUNT_KERNEL_MAX_BACKGROUND", 64, "0", 0, "65536"),
     ("flow_control", "DATASET_MOUNT_FLOW_CONTROL", True, "off", False, "later"),
     ("breaker_seconds", "DATASET_MOUNT_BREAKER_SECONDS", 5.0, "0", 0.0, "-1"),
+    ("snapshot", "DATASET_MOUNT_SNAPSHOT", None, "/d/train.bmsnap", "/d/train.bmsnap", "a\0b"),
     ("connect_timeout_s", "DATASET_MOUNT_CONNECT_TIMEOUT_SECONDS", 10.0, "2.5", 2.5, "0"),
     ("read_timeout_s", "DATASET_MOUNT_READ_TIMEOUT_SECONDS", 30.0, "60", 60.0, "inf"),
     ("allow_other", "DATASET_MOUNT_ALLOW_OTHER", False, "yes", True, "sure"),

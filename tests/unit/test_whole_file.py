@@ -404,13 +404,13 @@ async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
     data = pattern_bytes("now.bin", 0, 30_000)
     mem.put("now.bin", data)
     disk_free = threading.Event()
-    real_write = wholefile_entries.write_entry
+    real_write = wholefile_entries.put_entry
 
     def slow_write(path, data):
         disk_free.wait(10)  # a disk that takes its time
         return real_write(path, data)
 
-    monkeypatch.setattr(wholefile_entries, "write_entry", slow_write)
+    monkeypatch.setattr(wholefile_entries, "put_entry", slow_write)
 
     class Busy(InMemoryStorageClient):
         """Another file's GET still in flight: a busy mount, whose writes go to a thread."""
@@ -660,3 +660,39 @@ async def test_a_big_file_costs_its_parts_and_no_properties_request(tmp_path):
         copy = await cache.open(version(mem, "big.bin"))
         assert await read_all(cache, copy) == data
     assert requests(storage) == (0, 0, -(-len(data) // PART))
+
+
+async def test_a_cold_open_does_not_look_on_disk_for_what_was_never_cached(tmp_path, monkeypatch):
+    mem = InMemoryStorageClient()
+    mem.put("kept.bin", pattern_bytes("kept.bin", 0, 5000))
+    mem.put("new.bin", pattern_bytes("new.bin", 0, 6000))
+    storage = CountingStorageClient(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        cache.release(await cache.open(version(mem, "kept.bin")))
+    looked: list[str] = []
+    real_open_entry = wholefile_entries.open_entry
+
+    def open_entry(path):
+        looked.append(os.path.basename(path))
+        return real_open_entry(path)
+
+    monkeypatch.setattr(wholefile_entries, "open_entry", open_entry)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with trio.fail_after(5):
+            while not cache._present.complete:  # the scan of the earlier mount's entries
+                await trio.sleep(0.001)
+        before = requests(storage)
+        for name in ("kept.bin", "new.bin"):
+            copy = await cache.open(version(mem, name))
+            assert await read_all(cache, copy) == mem._data[name]
+        with trio.fail_after(5):
+            while cache._open:
+                await trio.sleep(0.001)
+        copy = await cache.open(version(mem, "new.bin"))
+        assert await read_all(cache, copy) == mem._data["new.bin"]
+        # kept.bin found on disk (no GET); new.bin fetched without looking, then found there
+        kept, new = (cache.path(version(mem, n)).name for n in ("kept.bin", "new.bin"))
+        assert looked == [kept, new]
+        assert requests(storage)[2] == before[2] + 1

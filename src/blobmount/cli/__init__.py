@@ -1,4 +1,4 @@
-"""Command line: `blobmount mount|unmount|stats|config|datastores|download|cache|warm`.
+"""Command line: `blobmount mount|unmount|stats|config|datastores|download|cache|warm|snapshot`.
 
 One module per command, each with `add_parser(sub)` and `run(args)`; this module assembles the
 parser and turns a `BlobmountError` into a one-line message and the exit status of its kind
@@ -17,7 +17,8 @@ import sys
 from typing import Any, Protocol
 
 from blobmount._version import __version__
-from blobmount.cli import cache, config, datastores, download, mount, stats, unmount, warm
+from blobmount.cli import cache, config, datastores, download, mount, snapshot, stats, unmount, warm
+from blobmount.cli.verbosity import add_flags, early_level
 from blobmount.errors import BlobmountError, ExitStatus, exit_status
 from blobmount.logs import RedactingFormatter
 
@@ -42,6 +43,7 @@ COMMANDS: dict[str, Command] = {
     "download": download,
     "cache": cache,
     "warm": warm,
+    "snapshot": snapshot,
 }
 
 
@@ -61,27 +63,31 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"blobmount {__version__}")
+    add_flags(parser, command=False)  # also after `mount`, `download` and `warm`
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_parser(sub)
     return parser
 
 
-def _warnings_to_stderr() -> None:
+def _warnings_to_stderr(level: int = logging.WARNING) -> None:
     """Until a command sets up its own logging, warnings (an unknown DATASET_MOUNT_* variable)
-    go to stderr as one line each, like the command's own messages."""
+    go to stderr as one line each, like the command's own messages; with -v or --debug, INFO or
+    DEBUG records too (the only log of the commands that set up none)."""
     root = logging.getLogger()
     if root.handlers:  # set up already (a test's capture, or a caller's own)
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(RedactingFormatter("blobmount: %(message)s"))
-    handler.setLevel(logging.WARNING)
+    handler.setLevel(level)
     root.addHandler(handler)
+    if level < logging.WARNING:
+        root.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _warnings_to_stderr()
+    _warnings_to_stderr(early_level(args))
     try:
         return COMMANDS[args.command].run(args)
     except BlobmountError as exc:

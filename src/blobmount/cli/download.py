@@ -27,6 +27,8 @@ from typing import Any
 
 import trio
 
+from blobmount.cli.verbosity import add_flags as add_verbosity_flags
+from blobmount.cli.verbosity import log_level
 from blobmount.compose.download import Outcome, download_config, run_download
 from blobmount.datastores import resolve_source
 from blobmount.download_mode.progress import summary_json, summary_lines
@@ -104,12 +106,18 @@ def add_parser(sub: Any) -> None:
         "after (costs more CPU); by default files of 1 MiB or more are written with O_DIRECT "
         "where the file system allows",
     )
+    add_verbosity_flags(parser, command=True)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar or progress log lines"
     )
     parser.add_argument(
         "--anonymous", action="store_true", default=None, help="no credentials (public containers)"
+    )
+    parser.add_argument(
+        "--snapshot",
+        metavar="SNAPSHOT_URI",
+        help="copy the blobs this snapshot records, at their recorded versions (no listing)",
     )
 
 
@@ -120,7 +128,12 @@ def exit_status(outcome: Outcome) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings(downloader_threads=args.threads, anonymous=args.anonymous)
+    settings = load_settings(
+        downloader_threads=args.threads,
+        anonymous=args.anonymous,
+        snapshot=args.snapshot,
+        log_level=log_level(args),  # -v / --debug
+    )
     spec = resolve_source(args.uri)
     setup_logging(settings.log_level, stderr=True)
     config = download_config(

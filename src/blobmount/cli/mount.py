@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from blobmount.cli.verbosity import add_flags as add_verbosity_flags
+from blobmount.cli.verbosity import log_level
 from blobmount.datastores import resolve_source
 from blobmount.errors import BlobmountError, MountPointError, SourceError
 from blobmount.launch import (
@@ -52,6 +54,7 @@ def add_parser(sub: Any) -> None:
         help="stay attached (for systemd and containers); log to stderr",
     )
     mount.add_argument("--log-file", type=Path, help="daemon log file (default: printed)")
+    add_verbosity_flags(mount, command=True)
     mount.add_argument(
         "--allow-other",
         action="store_true",
@@ -68,15 +71,23 @@ def add_parser(sub: Any) -> None:
     mount.add_argument(
         "--anonymous", action="store_true", default=None, help="no credentials (public containers)"
     )
+    mount.add_argument(
+        "--snapshot",
+        metavar="SNAPSHOT_URI",
+        help="take the namespace from this snapshot (no listing; reads pinned to its versions)",
+    )
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The flags given, as settings overrides."""
     out: dict[str, Any] = {}
-    for flag in ("allow_other", "uid", "gid", "anonymous", "file_mode", "dir_mode"):
+    for flag in ("allow_other", "uid", "gid", "anonymous", "file_mode", "dir_mode", "snapshot"):
         value = getattr(args, flag, None)
         if value is not None:
             out[flag] = value
+    level = log_level(args)  # -v / --debug
+    if level is not None:
+        out["log_level"] = level
     return out
 
 

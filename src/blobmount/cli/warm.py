@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
 
+from blobmount.cli.verbosity import add_flags as add_verbosity_flags
+from blobmount.cli.verbosity import log_level, pass_to_mounts
+from blobmount.errors import ConfigError
 from blobmount.logs import setup_logging
-from blobmount.settings import load_settings
+from blobmount.settings import ENV_VARS, load_settings
 from blobmount.warm.report import summary_json, summary_lines
 from blobmount.warm.runner import Signals, is_uri, warm_mount, warm_uri
 from blobmount.warm.warmer import DEFAULT_JOBS, Interrupted, WarmResult
@@ -59,6 +63,7 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help=f"files read at once (default {DEFAULT_JOBS})",
     )
+    add_verbosity_flags(parser, command=True)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar or progress log lines"
@@ -69,6 +74,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="with a URI: no credentials (public containers)",
     )
+    parser.add_argument(
+        "--snapshot",
+        metavar="SNAPSHOT_URI",
+        help="with a URI: mount it with the namespace of this snapshot (see docs/SNAPSHOTS.md)",
+    )
 
 
 def exit_status(result: WarmResult) -> int:
@@ -77,9 +87,24 @@ def exit_status(result: WarmResult) -> int:
     return 0 if result.ok else 1
 
 
+def _snapshot_for_the_mount(args: argparse.Namespace, snapshot: str | None) -> None:
+    """`warm_uri` mounts with this process's DATASET_MOUNT_* variables: --snapshot becomes one
+    (checked and made absolute by load_settings first)."""
+    if snapshot is None:
+        return
+    if not is_uri(args.target):
+        raise ConfigError("--snapshot goes with a URI: a live mount has its namespace already")
+    os.environ[ENV_VARS["snapshot"]] = snapshot
+
+
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings(anonymous=args.anonymous)
+    settings = load_settings(
+        anonymous=args.anonymous, snapshot=args.snapshot, log_level=log_level(args)
+    )
+    _snapshot_for_the_mount(args, settings.snapshot if args.snapshot else None)
     setup_logging(settings.log_level, stderr=True)
+    if is_uri(args.target):
+        pass_to_mounts(args)  # the daemon of the temporary mount: its log, not ours
     signals = Signals()
     progress = not args.no_progress
     try:

@@ -19,6 +19,7 @@ import trio
 
 from blobmount._version import __version__
 from blobmount.compose.configs import flow_config
+from blobmount.compose.diagnosis import endpoint_of, explain
 from blobmount.errors import StorageError
 from blobmount.settings import Settings, describe
 from blobmount.source import SourceSpec
@@ -134,24 +135,38 @@ async def open_storage(
     """The stack over `factory`'s client (default: `open_source_storage`'s for `spec`): the flow
     control of its account (shared with every other stack on that account in this
     process), retries (AZUREML_DATASET_HTTP_RETRY_COUNT) that wait for the account's
-    Retry-After too, then request counting on top."""
+    Retry-After too, then request counting on top.
+
+    With DATASET_MOUNT_SNAPSHOT, the snapshot is loaded first (a damaged one stops here, before
+    any storage is opened) and a `SnapshotStorageClient` tops the stack: the namespace comes
+    from the snapshot, reads go down the stack pinned to its ETags."""
+    # lazy: compose.snapshots opens storage stacks of its own through this module (a cycle)
+    from blobmount.compose.snapshots import load_snapshot, snapshot_client
+
+    snapshot = (
+        None if settings.snapshot is None else await load_snapshot(settings, settings.snapshot)
+    )
     opener = factory or (lambda: open_source_storage(settings, spec))
     async with opener() as client:
         account = client.location.split("/", 1)[0]
         flow = FlowControlledStorageClient(client, account_flow(account, flow_config(settings)))
         retrying = RetryingStorageClient(flow, retries=settings.http_retry_count, pacer=flow.flow)
         counting = CountingStorageClient(retrying)
-        yield StorageStack(counting, counting, retrying, flow)
+        top: StorageClient = counting
+        if snapshot is not None and settings.snapshot is not None:
+            top = await snapshot_client(snapshot, counting, spec, settings.snapshot)
+        yield StorageStack(top, counting, retrying, flow)
 
 
 async def check_source(storage: StorageClient, spec: SourceSpec) -> None:
     """Fail before mounting if the container is missing, the credentials are refused or the
-    endpoint does not answer (raises the matching StorageError, saying which source)."""
+    endpoint does not answer (raises the matching StorageError, saying which source).
+
+    Given the top of a stack that serves a snapshot, the listing is answered by the snapshot
+    (the stack was checked with a properties request when it opened), so no list request goes
+    out."""
     try:
         await storage.list_page(spec.prefix, delimiter="/", max_results=1)
     except StorageError as exc:
-        # lazy: the diagnosis is needed only on this failure path
-        from blobmount.compose.diagnosis import endpoint_of, explain
-
         reason = explain(exc, endpoint_of(spec.account_url))
         raise type(exc)(f"cannot mount {spec.display}: {reason}") from None

@@ -158,7 +158,9 @@ def _columns(table: SnapshotTable) -> bytes:
     )
 
 
-def encode(table: SnapshotTable, *, source: str, location: str, prefix: str, created: float) -> bytes:
+def encode(
+    table: SnapshotTable, *, source: str, location: str, prefix: str, created: float
+) -> bytes:
     """The snapshot file of `table`."""
     header = {
         "source": source,

@@ -23,6 +23,8 @@ and timeouts `TimedOut` (storage/overload.py), which the flow controller reads.
 
 Every call carries an `x-ms-client-request-id` of its own (a UUID, in every request the call
 sends), and its failure message names it, so a failure in the log can be handed to Azure support.
+At DEBUG, each request also gets one log line (storage/request_log.py) with that id and the
+`x-ms-request-id` storage answered with, written when the answer is released (`LoggedResponse`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -72,6 +74,8 @@ from blobmount.storage.base import (
 )
 from blobmount.storage.body_parts import PartCutter
 from blobmount.storage.overload import THROTTLE_STATUSES, Throttled, TimedOut, add_request_id
+from blobmount.storage.request_log import SentRequest, describe_url
+from blobmount.storage.request_log import enabled as request_log_enabled
 from blobmount.storage.rest_auth import RequestAuth, request_auth
 from blobmount.storage.rest_parse import (
     parse_list_page,
@@ -296,6 +300,24 @@ def _expected_body(resp: aiohttp.ClientResponse, start: int) -> tuple[int, int]:
     return body_start, body_end - body_start + 1
 
 
+class LoggedResponse(aiohttp.ClientResponse):
+    """aiohttp's response, which logs its request (if it carries a `SentRequest`) when it is
+    released: every caller in this module releases each answer once, after reading its body."""
+
+    #: set by `_send` on a success answer when request lines are logged; None otherwise
+    sent: SentRequest | None = None
+
+    def release(self) -> Any:
+        done = super().release()
+        sent = self.sent
+        if sent is not None:
+            self.sent = None  # logged once, however often the answer is released
+            total = getattr(self.content, "total_bytes", None)
+            body_bytes = total if isinstance(total, int) else None
+            sent.answered(self.status, self.headers.get("x-ms-request-id"), body_bytes)
+        return done
+
+
 class AzureStorageClient(StorageClient):
     """A read-only view of one Azure Blob container.
 
@@ -354,6 +376,7 @@ class AzureStorageClient(StorageClient):
                 # re-reads ~/.netrc and the proxy variables in a thread on every request
                 trust_env=_proxy_configured(),
                 cookie_jar=aiohttp.DummyCookieJar(),
+                response_class=LoggedResponse,  # logs its request when released (debug only)
                 auto_decompress=False,
                 read_bufsize=_READ_BUFFER_BYTES,
                 timeout=aiohttp.ClientTimeout(
@@ -368,17 +391,39 @@ class AzureStorageClient(StorageClient):
     async def _send(self, method: str, url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
         """Send one request; a success answer is returned unread (the caller releases it), any
         other raises HttpStatusError. `url` is already percent-encoded."""
-        headers["x-ms-client-request-id"] = _REQUEST_ID.get() or str(uuid.uuid4())
+        client_request_id = _REQUEST_ID.get() or str(uuid.uuid4())
+        headers["x-ms-client-request-id"] = client_request_id
         query = await self._auth.authorize(headers)
+        # the request's debug line (DEBUG only): described before a SAS joins the URL, and timed
+        # from here, after any token fetch
+        sent = (
+            SentRequest.start(
+                method,
+                describe_url(url, self._account_url, self._account),
+                headers,
+                client_request_id,
+            )
+            if request_log_enabled()
+            else None
+        )
         if query:
             url = f"{url}{'&' if '?' in url else '?'}{query}"
-        resp = await self._session().request(
-            method, yarl.URL(url, encoded=True), headers=headers, allow_redirects=False
-        )
+        try:
+            resp = await self._session().request(
+                method, yarl.URL(url, encoded=True), headers=headers, allow_redirects=False
+            )
+        except BaseException as exc:
+            if sent is not None:
+                sent.failed(exc)
+            raise
         if resp.status not in (200, 206):
             status, reply_headers = resp.status, resp.headers
             resp.release()
+            if sent is not None:
+                sent.answered(status, reply_headers.get("x-ms-request-id"), None)
             raise HttpStatusError(status, reply_headers)
+        if sent is not None and isinstance(resp, LoggedResponse):
+            resp.sent = sent  # logged when the caller releases it, after the body
         return resp
 
     def _blob_url(self, name: str) -> str:
@@ -487,6 +532,12 @@ class AzureStorageClient(StorageClient):
         parts = cutter.finish()
         return RangeWithProps(parts[0] if parts else b"", props)
 
+    async def _check_unchanged(self, name: str, etag: str) -> None:
+        """(loop thread) Raises unless the blob is still there with ETag `etag`."""
+        props = await self._get_properties(name)
+        if props.etag != quoted_etag(etag):
+            raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
+
     async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> None:
         """Returns if a 416 meant "nothing there" (the range starts at or after the end)."""
         props = await self._get_properties(name)
@@ -573,10 +624,9 @@ class AzureStorageClient(StorageClient):
 
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
         if length <= 0:
-            # nothing to fetch, but keep the contract: a gone or changed blob still fails
-            props = await self.get_properties(name)
-            if props.etag != etag:
-                raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
+            # nothing to fetch, but keep the contract: a gone or changed blob still fails (in
+            # one call, so that its failure names the request id like every other)
+            await self._call("get properties of", name, lambda: self._check_unchanged(name, etag))
             return b""
         parts = await self.get_range_parts(name, etag, start, (length,))
         return parts[0] if parts else b""

@@ -22,7 +22,8 @@ sizes, three paths:
   (`fetch.fetch_parts`).
 
 A cached open (a copy already open, or its entry on disk) makes no request: the entry is opened
-on the trio thread while the disk answers fast.
+on the trio thread while the disk answers fast. A cold open does not look on disk at all when
+the entry is certainly not there (`presence`).
 
 Sharing: opens of the same version share one `LocalCopy` while any of them is open or its entry
 is being written, and wait on one download while it runs. The download runs in the cache's own
@@ -68,6 +69,7 @@ from blobmount.storage.base import StorageClient
 from blobmount.units import format_size
 from blobmount.wholefile import entries
 from blobmount.wholefile.fetch import fetch_parts, fetch_whole
+from blobmount.wholefile.presence import PresenceFilter, scan_folder
 from blobmount.wholefile.writer import EntryWrite, EntryWriter
 
 log = logging.getLogger(__name__)
@@ -203,6 +205,8 @@ class WholeFileCache:
         self._in_place = InlineReadGate()
         #: versions up to this size are fetched into memory and served from there at once
         self._memory_max = min(MEMORY_MAX_BYTES, config.part_size)
+        #: which entries may be on disk (`presence`): a cold open skips looking
+        self._present = PresenceFilter()
         #: writes the entries of copies fetched into memory (its `run` is the cache's task)
         self.writer = EntryWriter(self._io_limiter, self._write_landed)
         self._writes: dict[Path, EntryWrite] = {}
@@ -307,7 +311,19 @@ class WholeFileCache:
 
     # -- an entry already on disk --------------------------------------------------------------
 
+    async def learn_present(self) -> None:
+        """Scan the location's folder once for entries of earlier mounts (`presence`)."""
+        folder = self.layout.location_dir(KIND, self.location)
+        try:
+            found = await trio.to_thread.run_sync(scan_folder, folder, limiter=self._io_limiter)
+        except OSError as exc:
+            log.warning("whole-file cache: cannot list %s (%s); every open looks", folder, exc)
+            return
+        self._present.merge(found)
+
     async def _open_from_disk(self, version: BlobVersion, path: Path) -> LocalCopy | None:
+        if not self._present.may_hold(path.name):
+            return None  # never cached: no need to look
         self._pinned.add(path)
         copy = None
         try:
@@ -330,6 +346,7 @@ class WholeFileCache:
                 await self._remove(path)
                 return None
             self._verified.add(path)
+            self._present.add(path.name)
             copy = self._register(path, fd, version, users=1)
             return copy
         finally:
@@ -410,6 +427,7 @@ class WholeFileCache:
                     else:
                         fd = await self._fetch_to_disk(version, path)
                     self._verified.add(path)
+                    self._present.add(path.name)
                     # one use for each open waiting now; each takes it without a checkpoint
                     download.copy = self._register(path, fd, version, users=download.waiters)
                 self._downloads_done += 1
@@ -509,6 +527,7 @@ class WholeFileCache:
         copy.writing = False
         if write.outcome == "written":
             self._verified.add(copy.path)  # written from checked bytes
+            self._present.add(copy.path.name)
             if self._latest_etag.get(version.name) != version.etag and copy.users <= 0:
                 self._nursery.start_soon(self._remove, copy.path)  # replaced meanwhile
         elif write.outcome == "corrupt":
@@ -657,6 +676,7 @@ async def open_whole_file_cache(
             )
             nursery.start_soon(cache.pruner.run)
             nursery.start_soon(cache.writer.run)
+            nursery.start_soon(cache.learn_present)
             try:
                 yield cache
             finally:

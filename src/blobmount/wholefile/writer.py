@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -63,8 +62,7 @@ def write_batch(batch: list[EntryWrite]) -> None:
             item.outcome = "corrupt"
             continue
         try:
-            fd, _, _ = entries.write_entry(item.path, item.data)
-            os.close(fd)
+            entries.put_entry(item.path, item.data)
         except OSError as exc:
             item.outcome, item.error = "failed", exc
         else:
