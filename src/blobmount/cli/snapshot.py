@@ -16,6 +16,8 @@ from typing import Any
 
 import trio
 
+from blobmount.cli.verbosity import add_flags as add_verbosity_flags
+from blobmount.cli.verbosity import log_level
 from blobmount.compose.snapshots import (
     CreatedSnapshot,
     SnapshotInfo,
@@ -64,6 +66,8 @@ def add_parser(sub: Any) -> None:
     compare.add_argument("old", metavar="A", help=f"the older snapshot: {_WHERE}")
     compare.add_argument("new", metavar="B", help="the newer snapshot")
     compare.add_argument("--json", action="store_true", help="print the differences as JSON")
+    for action in (create, show, compare):
+        add_verbosity_flags(action, command=True)
     for action in (show, compare):
         action.add_argument(
             "--anonymous",
@@ -161,7 +165,7 @@ def _print_diff(changes: SnapshotDiff, as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings(anonymous=args.anonymous)
+    settings = load_settings(anonymous=args.anonymous, log_level=log_level(args))
     setup_logging(settings.log_level, stderr=True)
     if args.action == "create":
         spec = resolve_source(args.source)

@@ -3,11 +3,22 @@ request may be sent:
 
 1. not while the breaker is open (storage/breaker.py): then it fails at once with CircuitOpen;
 2. not before a Retry-After that storage sent to any request of the account has passed;
-3. only with a slot: at most `limit` requests in flight, the adaptive limit of storage/aimd.py.
+3. not faster than the send rate, while storage throttles by rate (`SendRate`, storage/aimd.py);
+4. only with a slot: at most `limit` requests in flight, the adaptive limit of storage/aimd.py.
 
-and learns from each answer (`Sent.answered`, `Sent.failed`). Waiting for a slot is bounded
-(`max_queue_wait_s`): past it the request goes anyway, so a queue behind stalled requests cannot
-stretch a read beyond its bound.
+and learns from each answer (`Sent.answered`, `Sent.failed`):
+
+- a success feeds `Served` (how many per second, how many in flight on average) and may grow
+  the limit;
+- a timeout cuts the limit (an overloaded server gets slower: fewer at once);
+- a throttle without a Retry-After (503, 500, 429) cuts the limit, but not below the concurrency
+  recent successes needed; one that comes while the limit is at that floor already is a rate
+  throttle, and cuts the send rate instead (storage/aimd.py says why);
+- a Retry-After pauses the whole account; the limit is cut as above, the send rate left alone
+  (storage said itself when to come back).
+
+Waiting for the send rate and a slot is bounded together (`max_queue_wait_s`): past it the
+request goes anyway, so a queue behind stalled requests cannot stretch a read beyond its bound.
 
 Controllers are kept per account in a trio RunVar (`account_flow`): every storage stack opened
 in one process (one trio run) on the same account shares one.
@@ -21,11 +32,14 @@ from dataclasses import dataclass
 
 import trio
 
-from blobmount.storage.aimd import InFlightLimit
+from blobmount.storage.aimd import InFlightLimit, SendRate, Served
 from blobmount.storage.breaker import Admission, BreakerState, CircuitBreaker
 from blobmount.storage.overload import CircuitOpen, Throttled, TimedOut, is_congestion
 
 log = logging.getLogger(__name__)
+
+#: requests the send rate lets go at once after an idle spell
+BURST = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,8 @@ class FlowStats:
     throttled: int  # answers saying storage is over its targets (503, 500, 429)
     timeouts: int  # requests with no complete answer in time
     limit_cuts: int  # times the limit was cut
+    send_rate: float  # requests a second allowed while storage throttles by rate; 0: no pacing
+    rate_cuts: int  # times the send rate was cut
     queued_s: float  # seconds requests waited, in all, for a slot or a Retry-After pause
     breaker: str  # "closed", "open" or "half-open"
     breaker_open_s: float  # how long it has been open; 0 when closed
@@ -77,7 +93,7 @@ class Sent:
     def answered(self) -> None:
         """Storage answered (a success, or a permanent error such as 404)."""
         if self._finish():
-            self._controller._answered(self._token, self._probe)
+            self._controller._answered(self._token, self.sent_at, self._probe)
 
     def failed(self, exc: BaseException, key: str) -> None:
         """A transient failure (StorageUnavailable) of a request for `key`."""
@@ -104,6 +120,9 @@ class FlowController:
         self.config = config
         ceiling = max(1, config.max_in_flight)
         self._limit = InFlightLimit(ceiling)
+        self._rate = SendRate()
+        self._served = Served()
+        self._next_send = -math.inf  # the send rate's next free moment
         self._slots = trio.CapacityLimiter(ceiling)
         self._breaker = CircuitBreaker(
             open_after_s=config.breaker_open_after_s,
@@ -114,6 +133,7 @@ class FlowController:
         self._throttled = 0
         self._timeouts = 0
         self._cuts = 0
+        self._rate_cuts = 0
         self._queued_s = 0.0
         self._fast_failures = 0
         self._in_flight = 0
@@ -145,10 +165,11 @@ class FlowController:
             while (pause := self.pause_remaining()) > 0:  # noqa: ASYNC110
                 await trio.sleep(pause)
             with trio.move_on_after(self.config.max_queue_wait_s) as waited:
+                await self._paced()
                 await self._slots.acquire_on_behalf_of(token)
             if waited.cancelled_caught:
                 token = None  # goes without a slot: storage stalls, a read must not wait more
-                log.debug("%s: no slot after %.1fs; sending anyway", what, self._waited(started))
+                log.debug("%s: not sent after %.1fs; sending anyway", what, self._waited(started))
         finally:
             self._queued_s += trio.current_time() - started
         admission = self._breaker.admit(trio.current_time())
@@ -158,8 +179,23 @@ class FlowController:
             raise self._reject(what)
         return self._hold(token, probe=admission is Admission.PROBE)
 
+    async def _paced(self) -> None:
+        """Wait for this request's turn under the send rate (none while it is off). Each
+        request books the next moment, so waiting requests leave evenly spaced."""
+        now = trio.current_time()
+        rate = self._rate.rate(now)
+        if rate is None:
+            return
+        gap = 1.0 / rate
+        # an idle spell earns at most a short burst, not a second's worth at once
+        at = max(self._next_send, now - BURST * gap)
+        self._next_send = at + gap
+        if at > now:
+            await trio.sleep_until(at)
+
     def statistics(self) -> FlowStats:
         now = trio.current_time()
+        rate = self._rate.rate(now) if self.config.enabled else None
         return FlowStats(
             in_flight=self._in_flight,
             in_flight_limit=self._limit.limit,
@@ -168,6 +204,8 @@ class FlowController:
             throttled=self._throttled,
             timeouts=self._timeouts,
             limit_cuts=self._cuts,
+            send_rate=rate or 0.0,
+            rate_cuts=self._rate_cuts,
             queued_s=self._queued_s,
             breaker=self._breaker.state.value,
             breaker_open_s=self._breaker.open_s(now),
@@ -204,9 +242,10 @@ class FlowController:
         # this request's slot is still held: all taken, or someone waits for one
         return stats.tasks_waiting > 0 or stats.borrowed_tokens >= self._limit.limit
 
-    def _answered(self, token: object | None, probe: bool) -> None:
+    def _answered(self, token: object | None, sent_at: float, probe: bool) -> None:
         now = trio.current_time()
         if self.config.enabled:
+            self._served.add(now, now - sent_at)
             self._limit.on_success(now, saturated=self._saturated())
         self._release(token)
         self._apply_limit()
@@ -221,21 +260,39 @@ class FlowController:
             self._throttled += 1
         elif isinstance(exc, TimedOut):
             self._timeouts += 1
+        retry_after = getattr(exc, "retry_after_s", None)
         if self.config.enabled:
-            if is_congestion(exc) and self._limit.on_congestion(sent_at, now):
-                self._cuts += 1
-                self._apply_limit()
-                log.info(
-                    "storage of %s pushes back (%s): at most %d requests in flight",
-                    self.account,
-                    type(exc).__name__,
-                    self._limit.limit,
-                )
-            retry_after = getattr(exc, "retry_after_s", None)
+            if is_congestion(exc):
+                self._push_back(exc, sent_at, now, paused=bool(retry_after))
             if retry_after:
                 pause = min(float(retry_after), self.config.max_retry_after_s)
                 self._paused_until = max(self._paused_until, now + pause)
         self._breaker.on_failure(now, key, probe=probe)
+
+    def _push_back(self, exc: BaseException, sent_at: float, now: float, *, paused: bool) -> None:
+        """Storage asked for less: cut the limit, or, when the limit is already no more than
+        storage's recent successes needed and no Retry-After says when to come back, the rate."""
+        # a timeout is no measure of what storage admits: only throttles keep the floor
+        floor = math.ceil(self._served.concurrency(now)) if isinstance(exc, Throttled) else 1
+        if self._limit.on_congestion(sent_at, now, floor=floor):
+            self._cuts += 1
+            self._apply_limit()
+            log.info(
+                "storage of %s pushes back (%s): at most %d requests in flight",
+                self.account,
+                type(exc).__name__,
+                self._limit.limit,
+            )
+        elif isinstance(exc, Throttled) and not paused and self._limit.limit <= floor:
+            admitted = self._served.rate(now)
+            if self._rate.on_throttled(sent_at, now, admitted):
+                self._rate_cuts += 1
+                log.info(
+                    "storage of %s throttles by rate (%s): at most %.0f requests a second",
+                    self.account,
+                    type(exc).__name__,
+                    self._rate.rate(now) or 0.0,
+                )
 
     def _apply_limit(self) -> None:
         if not self.config.enabled:
