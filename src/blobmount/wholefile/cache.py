@@ -482,14 +482,13 @@ class WholeFileCache:
     async def _fetch_into_memory(
         self, version: BlobVersion, path: Path, download: _Download
     ) -> LocalCopy:
-        """One GET of a small version, whose copy is served from memory at once; the writer
-        checks and writes its entry meanwhile (`_write_landed` gives back the room and the
-        slot taken here)."""
+        """One GET of a small version, checked against its Content-MD5, whose copy is then
+        served from memory at once; the writer writes its entry meanwhile (`_write_landed`
+        gives back the room and the slot taken here)."""
         estimate, slot = await self._reserve(version, path)
         try:
-            data, props = await fetch_whole(
-                self._storage, version, self._in_thread, check_md5=False
-            )
+            # checked before any open gets the bytes: a reader never sees unverified data
+            data, _ = await fetch_whole(self._storage, version, self._in_thread)
         except BaseException:
             self._unreserve(path, estimate, slot)
             raise
@@ -505,7 +504,7 @@ class WholeFileCache:
         copy.users = download.waiters
         copy.writing = True
         self._note_latest(version)
-        write = EntryWrite(os.fspath(path), data, props.content_md5)
+        write = EntryWrite(os.fspath(path), data, None)  # checked above
         write.owner = _PendingWrite(copy, version, estimate, slot)
         self._writes[path] = write
         if self.writer.busy or len(self._downloads) > 1:
