@@ -23,13 +23,12 @@ import argparse
 import asyncio
 import collections
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
+from scenarios.proxy_process import ProxyProcess
+
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 5.0
 
 
 # -- the proxy (runs in its own process) ----------------------------------------------------
@@ -169,64 +168,24 @@ def main(argv: list[str] | None = None) -> int:
 # -- the harness' handle on it --------------------------------------------------------------
 
 
-class DelayProxy:
+class DelayProxy(ProxyProcess):
     """A running delay proxy in front of `upstream_port`; `stop()` ends it (by its PID)."""
 
+    what = "delay proxy"
+
     def __init__(self, upstream_port: int, delay_ms: float) -> None:
+        super().__init__()
         self.upstream_port = upstream_port
         self.delay_ms = delay_ms
-        self._proc: subprocess.Popen[str] | None = None
-        self.port = 0
 
-    def start(self) -> DelayProxy:
-        cmd = [
-            sys.executable,
+    def _command(self) -> list[str]:
+        return [
             str(Path(__file__).resolve()),
             "--upstream-port",
             str(self.upstream_port),
             "--delay-ms",
             str(self.delay_ms),
         ]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        assert self._proc.stdout is not None
-        # the first line says where it listens; a proxy that dies first gives an empty line
-        line = _readline_within(self._proc, START_TIMEOUT_S)
-        if not line.startswith("port "):
-            self.stop()
-            raise RuntimeError(f"the delay proxy did not start (it printed {line!r})")
-        self.port = int(line.split()[1])
-        return self
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("delay proxy not started")
-        return self._proc.pid
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def _readline_within(proc: subprocess.Popen[str], timeout_s: float) -> str:
-    """The process' first line of output, or "" if none comes in time."""
-    import selectors
-
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout_s):
-            return ""
-    return proc.stdout.readline().strip()
 
 
 if __name__ == "__main__":

@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import TracebackType
+
+from scenarios.proxy_process import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 5.0
 #: how long the harness waits for an answer to `counts`
 COUNTS_TIMEOUT_S = 10.0
 
@@ -73,20 +71,21 @@ def main(argv: list[str] | None = None) -> int:
 # -- the harness' handle on it --------------------------------------------------------------
 
 
-class ThrottleProxy:
+class ThrottleProxy(ProxyProcess):
     """A running throttle proxy in front of `upstream_port`; a context manager that stops it
     (by its PID) on the way out."""
 
+    what = "throttle proxy"
+    commands = True
+
     def __init__(self, upstream_port: int, per_second: int, retry_after: str | None = None):
+        super().__init__()
         self.upstream_port = upstream_port
         self.per_second = per_second
         self.retry_after = retry_after
-        self._proc: subprocess.Popen[str] | None = None
-        self.port = 0
 
-    def start(self) -> ThrottleProxy:
+    def _command(self) -> list[str]:
         cmd = [
-            sys.executable,
             str(Path(__file__).resolve()),
             "--upstream-port",
             str(self.upstream_port),
@@ -95,68 +94,15 @@ class ThrottleProxy:
         ]
         if self.retry_after is not None:
             cmd += ["--retry-after", self.retry_after]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self._readline(START_TIMEOUT_S)
-        if not line.startswith("port "):
-            self.stop()
-            raise RuntimeError(f"the throttle proxy did not start (it printed {line!r})")
-        self.port = int(line.split()[1])
-        return self
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("throttle proxy not started")
-        return self._proc.pid
+        return cmd
 
     def counts(self) -> dict[str, dict[str, int]]:
         """{kind: {"requests": n, "forwarded": n, "busy": n}} since the proxy started."""
-        if self._proc is None or self._proc.stdin is None:
-            raise RuntimeError("throttle proxy not started")
-        self._proc.stdin.write("counts\n")
-        self._proc.stdin.flush()
-        line = self._readline(COUNTS_TIMEOUT_S)
+        line = self._ask("counts", COUNTS_TIMEOUT_S)
         if not line:
             raise RuntimeError("the throttle proxy did not answer")
         counts: dict[str, dict[str, int]] = json.loads(line)
         return counts
-
-    def _readline(self, timeout_s: float) -> str:
-        import selectors
-
-        assert self._proc is not None
-        assert self._proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                return ""
-        return self._proc.stdout.readline().strip()
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-
-    def __enter__(self) -> ThrottleProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":

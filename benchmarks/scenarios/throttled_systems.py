@@ -282,11 +282,14 @@ class ThrottledBlobmount(BlobmountSystem):
         flow = (run.stats_after or {}).get("flow")
         if flow:
             log.info(
-                "%s: in-flight limit %d of %d at the end, cut %d times; %d throttled answers",
+                "%s: in-flight limit %d of %d at the end, cut %d times; send rate cut %d times"
+                " (%.0f/s at the end, 0: off); %d throttled answers",
                 self.name,
                 flow["in_flight_limit"],
                 flow["in_flight_limit_max"],
                 flow["limit_cuts"],
+                flow.get("rate_cuts", 0),
+                flow.get("send_rate", 0.0),
                 flow["throttled"],
             )
         return run

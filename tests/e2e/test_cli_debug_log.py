@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 
 import pytest
 
+from tests.helpers.daemon_calls import blobmount
 from tests.helpers.mount import is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
@@ -22,17 +22,6 @@ REQUEST = re.compile(
     r"x-ms-client-request-id=(?P<client>[0-9a-f-]{36}) x-ms-request-id=(?P<server>\S+)$"
 )
 LOGGER = "blobmount.storage.request_log:"
-
-
-def blobmount(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "blobmount", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def request_lines(text: str) -> list[re.Match[str]]:

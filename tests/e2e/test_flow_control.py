@@ -22,15 +22,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from blobmount.runstate import stats_socket
-from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes, pattern_sha256
 from tests.helpers.bounds import SLACK_S, Limits, in_thread
+from tests.helpers.daemon_calls import stats, wait_for
 from tests.helpers.fault_proxy import ALL_KINDS, throttle
 from tests.helpers.mount import MountedDaemon
 
@@ -85,19 +84,6 @@ def mounted(proxy, mount_factory, dataset) -> Iterator[MountedDaemon]:
     yield mount_factory(dataset, env=ENV, base_url=proxy.account_url)
     # before mount_factory's teardown: storage answers again, so nothing holds up the unmount
     proxy.clear()
-
-
-def stats(daemon: MountedDaemon) -> dict:
-    return fetch_stats(stats_socket(daemon.mountpoint))
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def expected(name: str, offset: int, size: int) -> bytes:

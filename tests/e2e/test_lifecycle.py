@@ -21,7 +21,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -33,10 +32,9 @@ import pytest
 from azure.storage.blob import BlobServiceClient
 
 from blobmount.blocks.fetcher import COALESCE_BYTES
-from blobmount.runstate import stats_socket
-from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.bounds import SLACK_S, MiB, in_thread
+from tests.helpers.daemon_calls import blobmount, stats, wait_for
 from tests.helpers.fault_proxy import FaultProxy, stall
 from tests.helpers.mount import MountedDaemon, is_mounted
 
@@ -45,19 +43,6 @@ pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 TTL_MS = 1000
 #: comfortably past the TTL; only ever waited for, never raced against
 PAST_TTL_S = TTL_MS / 1000 + 0.5
-
-
-def stats(daemon: MountedDaemon) -> dict:
-    return fetch_stats(stats_socket(daemon.mountpoint))
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def read_or_errno(fd: int, size: int, offset: int) -> bytes | int:
@@ -305,17 +290,6 @@ def test_reads_stuck_past_the_unmount_timeout_do_not_hold_the_unmount(proxied_mo
         assert "still in flight after 2s; unmounting anyway" in daemon.log()
     finally:
         release_and_close(proxy, daemon, fds)
-
-
-def blobmount(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "blobmount", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blobmount.compose.configs import disk_tier_config
 from blobmount.cachedir.space import (
     AGE_RESOLUTION_S,
     AgeHistogram,
@@ -19,6 +18,7 @@ from blobmount.cachedir.space import (
     prune_goal_bytes,
     prune_start_bytes,
 )
+from blobmount.compose.configs import disk_tier_config
 from blobmount.settings import load_settings
 from blobmount.units import GiB, KiB, MiB
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,13 @@ from blobmount.download_mode.downloader import DownloadConfig, Downloader, Downl
 from blobmount.download_mode.manifest import MANIFEST_NAME, Manifest
 from blobmount.download_mode.staging import TMP_DIR_NAME, Destination, DestinationError
 from blobmount.errors import StorageUnavailable
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import StorageClient
 from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.storage.retry import RetryingStorageClient
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.hooked_storage import Hooked
 
 PART = 64 * 1024
 BIG = 20 * PART + 123  # 21 parts
@@ -86,34 +86,6 @@ def local_tree(dest: Path) -> tuple[dict[str, bytes], set[str]]:
             if rel != MANIFEST_NAME:
                 files[rel] = (Path(root) / f).read_bytes()
     return files, dirs
-
-
-class Hooked(StorageClient):
-    """Calls `before(name, start)` (awaited) before every get_range, then forwards."""
-
-    def __init__(self, inner: StorageClient, before: Callable[[str, int], Awaitable[None]]) -> None:
-        self.inner = inner
-        self.location = inner.location
-        self.before = before
-
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        continuation: str | None = None,
-        max_results: int = MAX_LIST_PAGE,
-    ) -> ListPage:
-        return await self.inner.list_page(
-            prefix, delimiter=delimiter, continuation=continuation, max_results=max_results
-        )
-
-    async def get_properties(self, name: str) -> BlobProps:
-        return await self.inner.get_properties(name)
-
-    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
-        await self.before(name, start)
-        return await self.inner.get_range(name, etag, start, length)
 
 
 # -- the happy path and reruns -------------------------------------------------------------

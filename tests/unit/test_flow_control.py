@@ -4,13 +4,15 @@ autojump clock (sleeps are instant, trio.current_time() measures them exactly)."
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import trio
 
 from blobmount.errors import BlobNotFound, StorageUnavailable
-from blobmount.storage.aimd import InFlightLimit
+from blobmount.storage.aimd import InFlightLimit, SendRate, Served
 from blobmount.storage.breaker import Admission, BreakerState, CircuitBreaker
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.flow import FlowConfig, FlowController, account_flow
@@ -82,6 +84,57 @@ def test_limit_is_back_at_its_ceiling_within_seconds_after_throttling_stops() ->
         now += 0.01
         limit.on_success(now, saturated=True)
     assert now < 2.0 + 2 * 2.0  # about two probe periods
+
+
+def test_a_cut_stops_at_the_floor_and_none_is_made_there() -> None:
+    limit = InFlightLimit(32)
+    assert limit.on_congestion(sent_at=0.0, now=0.0, floor=5)  # 16
+    assert limit.on_congestion(sent_at=1.0, now=1.0, floor=5)  # 8
+    assert limit.on_congestion(sent_at=2.0, now=2.0, floor=5)
+    assert limit.limit == 5  # not 4
+    assert not limit.on_congestion(sent_at=3.0, now=3.0, floor=5)
+    assert limit.limit == 5
+
+
+# -- what recent successes say, and the send rate ---------------------------------------------
+
+
+def test_served_measures_rate_and_mean_concurrency_over_the_last_second() -> None:
+    served = Served()
+    for i in range(100):  # 100 successes in a second, each 30 ms: 3 in flight on average
+        served.add(i / 100, 0.03)
+    assert served.rate(0.99) == pytest.approx(100)
+    assert served.concurrency(0.99) == pytest.approx(3.0)
+    assert served.one_at_a_time(0.99) == pytest.approx(1 / 0.03)
+    assert served.rate(1.5) == pytest.approx(49)  # the first half has left the window
+    assert served.rate(5.0) == 0.0
+    assert served.concurrency(5.0) == 0.0
+    assert served.one_at_a_time(5.0) == 0.0
+
+
+def test_the_send_rate_is_cut_from_the_admitted_rate_once_a_window_and_climbs_back() -> None:
+    rate = SendRate()
+    assert rate.rate(0.0) is None
+    assert rate.on_throttled(sent_at=0.0, now=0.0, admitted=200)
+    assert rate.rate(0.0) == pytest.approx(140)
+    # the rest of a spent window refuses whatever is sent: no further cut within it
+    assert not rate.on_throttled(sent_at=0.5, now=0.5, admitted=100)
+    assert rate.rate(0.5) == pytest.approx(170)  # half way back up
+    assert rate.rate(1.0) == pytest.approx(200)
+    assert rate.rate(1.9) == pytest.approx(200)
+    assert rate.rate(2.0) == pytest.approx(250)  # the first probe, then faster and bigger ones
+    assert rate.rate(2.5) == pytest.approx(375)
+    assert rate.rate(3.0) is None  # storage admits far more than it refused at: off
+    assert not rate.on
+
+
+def test_send_rate_cuts_do_not_compound_nor_go_below_the_floor() -> None:
+    rate = SendRate()
+    assert rate.on_throttled(sent_at=0.0, now=0.0, admitted=200)
+    assert rate.on_throttled(sent_at=1.0, now=1.0, admitted=200)
+    assert rate.rate(1.0) == pytest.approx(140)  # 0.7 of what storage admits, not 0.49
+    assert rate.on_throttled(sent_at=2.0, now=2.0, admitted=10, floor=50)
+    assert rate.rate(2.0) == pytest.approx(50)
 
 
 # -- the breaker ------------------------------------------------------------------------------
@@ -280,3 +333,155 @@ async def test_flow_control_off_sends_everything_at_once(
     assert flow.statistics().in_flight_limit == 1
     assert flow.statistics().throttled == 1
     assert flow.pause_remaining() == 0.0
+
+
+# -- the controller against simulated servers -------------------------------------------------
+
+
+@dataclass
+class SimServer(InMemoryStorageClient):
+    """A store over its targets, as issue #27's proxies: it admits `per_second` requests in each
+    second (a fixed window) and/or `max_in_flight` at once, and answers the rest 503 after
+    `refuse_s`; an admitted request takes `latency_s` (±30%)."""
+
+    latency_s: float = 0.01
+    per_second: int | None = None
+    max_in_flight: int | None = None
+    refuse_s: float = 0.0
+    refuse_share: float = 0.0  # refused at random, whatever the load
+    ok: list[float] = field(default_factory=list)
+    refused: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self._rng = random.Random(1)
+        self._window = -1
+        self._admitted = 0
+        self._in_flight = 0
+
+    def _busy(self, now: float) -> bool:
+        if self._rng.random() < self.refuse_share:
+            return True
+        if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
+            return True
+        if self.per_second is not None:
+            if math.floor(now) != self._window:
+                self._window, self._admitted = math.floor(now), 0
+            if self._admitted >= self.per_second:
+                return True
+            self._admitted += 1
+        return False
+
+    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
+        now = trio.current_time()
+        if self._busy(now):
+            self.refused.append(now)
+            await trio.sleep(self.refuse_s)
+            raise Throttled("503 ServerBusy", status=503)
+        self._in_flight += 1
+        try:
+            await trio.sleep(self.latency_s * self._rng.uniform(0.7, 1.3))
+        finally:
+            self._in_flight -= 1
+        self.ok.append(trio.current_time())
+        return b"x"
+
+
+@dataclass(frozen=True)
+class SimResult:
+    ok_per_s: float  # successes a second over the second half
+    sent_per_ok: float  # requests sent per success over the second half
+    mean_limit: float  # the in-flight limit over the second half
+    gave_up: int  # reads that failed after every retry
+
+
+async def drive(
+    server: SimServer, *, readers: int = 16, ceiling: int = 32, seconds: float = 20.0
+) -> SimResult:
+    """`readers` readers read as fast as they can through the retry layer and the flow
+    controller for `seconds`; figures from the second half (the first is for settling)."""
+    flow = FlowController("acct", FlowConfig(max_in_flight=ceiling))
+    client = RetryingStorageClient(
+        FlowControlledStorageClient(server, flow), pacer=flow, rng=random.Random(0)
+    )
+    half = trio.current_time() + seconds / 2
+    end = trio.current_time() + seconds
+    limits: list[int] = []
+    gave_up = 0
+
+    async def reader() -> None:
+        nonlocal gave_up
+        while trio.current_time() < end:
+            try:
+                await client.get_range("f", "etag", 0, 1)
+            except StorageUnavailable:
+                gave_up += 1
+
+    async def sample() -> None:
+        while trio.current_time() < end:
+            await trio.sleep(0.05)
+            if trio.current_time() >= half:
+                limits.append(flow.statistics().in_flight_limit)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(readers):
+            nursery.start_soon(reader)
+        nursery.start_soon(sample)
+    ok = sum(1 for t in server.ok if half <= t < end)
+    refused = sum(1 for t in server.refused if half <= t < end)
+    return SimResult(
+        ok_per_s=ok / (end - half),
+        sent_per_ok=(ok + refused) / max(1, ok),
+        mean_limit=sum(limits) / len(limits),
+        gave_up=gave_up,
+    )
+
+
+@pytest.mark.parametrize(
+    ("per_second", "latency_s", "refuse_s"),
+    [
+        (200, 0.01, 0.0),  # the benchmark's throttle: 503s at once
+        (200, 0.01, 0.01),  # ... and 503s as late as answers (the delay proxy)
+        (200, 0.02, 0.0),
+        (1000, 0.005, 0.0),
+        (100, 0.05, 0.05),
+    ],
+)
+async def test_a_rate_limited_server_gets_nearly_its_rate_with_few_refusals(
+    per_second: int, latency_s: float, refuse_s: float, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue #27's throttle: a server admitting R requests a second. The controller must not
+    read its refusals as "too many in flight" again and again (the limit fell to 1-2, so at
+    10-20 ms a request the client got 50-100 a second of 200)."""
+    server = SimServer(latency_s=latency_s, per_second=per_second, refuse_s=refuse_s)
+    got = await drive(server)
+    print(got)
+    assert got.ok_per_s >= 0.8 * per_second
+    assert got.sent_per_ok <= 1.15
+    assert got.gave_up == 0
+
+
+@pytest.mark.parametrize(
+    ("n", "latency_s", "refuse_s"), [(3, 0.005, 0.0), (5, 0.01, 0.01), (8, 0.02, 0.0)]
+)
+async def test_a_server_refusing_beyond_n_in_flight_settles_near_n(
+    n: int, latency_s: float, refuse_s: float, autojump_clock: trio.abc.Clock
+) -> None:
+    server = SimServer(latency_s=latency_s, max_in_flight=n, refuse_s=refuse_s)
+    got = await drive(server)
+    print(got)
+    assert n - 1 <= got.mean_limit <= n + 0.5
+    assert got.sent_per_ok < 1.05  # under 5% refused
+    assert got.ok_per_s >= 0.8 * n / latency_s
+    assert got.gave_up == 0
+
+
+async def test_refusals_that_do_not_ease_as_the_client_slows_do_not_starve_it(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """30% of requests refused at random, without a Retry-After: slowing down does not help, so
+    the send rate stays at least what one request at a time sends (1 / latency)."""
+    server = SimServer(latency_s=0.005, refuse_share=0.3)
+    got = await drive(server, readers=8, ceiling=8, seconds=10.0)
+    print(got)
+    assert got.ok_per_s >= 0.7 * 0.7 / 0.005

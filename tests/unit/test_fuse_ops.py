@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Sequence
 
 import pyfuse3
 import pytest
@@ -25,9 +24,10 @@ from blobmount.errors import StorageUnavailable
 from blobmount.fs.filesystem import FOREVER_S, BlobFilesystem, FsConfig
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.namespace.inodes import ROOT_INODE, inode_for
-from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.base import StorageClient
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
+from tests.helpers.hooked_storage import Hooked
 
 B = 64 * 1024
 MOUNT_TIME = 1.7e9
@@ -35,40 +35,16 @@ DATA = bytes(range(256)) * 1000  # 256,000 bytes: four blocks
 FILES = {"data.bin": DATA, "dir/a.txt": b"alpha", "dir/b.txt": b"bravo!", "top.txt": b"top"}
 
 
-class Gated(StorageClient):
+class Gated(Hooked):
     """Holds every ranged GET until `gate` is set (a storage request in flight)."""
 
     def __init__(self, inner: StorageClient) -> None:
-        self.inner = inner
-        self.location = inner.location
+        super().__init__(inner, self._wait)
         self.gate: trio.Event | None = None
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        continuation: str | None = None,
-        max_results: int = MAX_LIST_PAGE,
-    ) -> ListPage:
-        return await self.inner.list_page(
-            prefix, delimiter=delimiter, continuation=continuation, max_results=max_results
-        )
-
-    async def get_properties(self, name: str) -> BlobProps:
-        return await self.inner.get_properties(name)
-
-    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
+    async def _wait(self, name: str, start: int) -> None:
         if self.gate is not None:
             await self.gate.wait()
-        return await self.inner.get_range(name, etag, start, length)
-
-    async def get_range_parts(
-        self, name: str, etag: str, start: int, lengths: Sequence[int]
-    ) -> list[bytes]:
-        if self.gate is not None:
-            await self.gate.wait()
-        return await self.inner.get_range_parts(name, etag, start, lengths)
 
 
 class Stack:

@@ -16,17 +16,16 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from blobmount.compose.mount import open_mount
-from blobmount.compose.storage import open_storage
 from blobmount.errors import ConfigError
 from blobmount.metrics import metric_families, metric_names, open_metrics, start_metrics_server
 from blobmount.namespace.inodes import ROOT_INODE
 from blobmount.settings import load_settings
-from blobmount.snapshot import LiveMount, MountSnapshot
+from blobmount.snapshot import MountSnapshot
 from blobmount.source import SourceSpec
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
-from tests.unit.test_snapshot import distinct_snapshot, opened_client
+from tests.helpers.composed_mount import composed_mount, live_mount
+from tests.unit.test_snapshot import distinct_snapshot
 
 B = 64 * 1024
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
@@ -193,10 +192,7 @@ async def test_metrics_of_a_real_mount_count_what_was_read(tmp_path: Path) -> No
         read_ahead_memory_limit=8 * B,
     )
     spec = SourceSpec(scheme="az", container="c")
-    async with (
-        open_storage(settings, spec, lambda: opened_client(mem)) as stack,
-        open_mount(settings, spec, stack) as parts,
-    ):
+    async with composed_mount(settings, spec, mem) as (stack, parts):
         fs = parts.fs
         folder = await fs.lookup(ROOT_INODE, "data")
         assert folder is not None
@@ -209,21 +205,7 @@ async def test_metrics_of_a_real_mount_count_what_was_read(tmp_path: Path) -> No
                 offset += len(chunk)
             await trio.testing.wait_all_tasks_blocked()
             fs.release(handle.fh)
-        s = LiveMount(
-            source=spec.display,
-            mountpoint="/mnt/data",
-            pid=os.getpid(),
-            started=0.0,
-            throughput=lambda: 1000.0,
-            fs=fs,
-            storage=stack.counting,
-            retry=stack.retrying,
-            blocks=parts.blocks,
-            disk=parts.disk,
-            hints=parts.hints,
-            whole_file=parts.whole_files,
-            flow=stack.flow,
-        ).snapshot()
+        s = live_mount(spec, stack, parts, throughput=1000.0).snapshot()
     got = samples(exposition(s))
     assert s.disk is None
     assert s.whole_file is None

@@ -3,14 +3,13 @@ equal, and a reader is told which figure is missing or malformed instead of seei
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
 import os
 import types
 import typing
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,6 @@ import pytest
 import trio
 import trio.testing
 
-from blobmount.compose.mount import open_mount
-from blobmount.compose.storage import open_storage
 from blobmount.namespace.inodes import ROOT_INODE
 from blobmount.settings import load_settings
 from blobmount.snapshot import LiveMount, MountSnapshot, SnapshotFormatError
@@ -28,6 +25,7 @@ from blobmount.stats import fetch_snapshot, fetch_stats, format_stats, serve_sta
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.units import format_size
+from tests.helpers.composed_mount import composed_mount, live_mount
 
 KiB = 1024
 
@@ -197,10 +195,7 @@ async def test_a_live_mounts_json_is_the_old_dict(tmp_path: Path, block_mode: bo
     )
     spec = SourceSpec(scheme="az", container="data")
 
-    async with (
-        open_storage(settings, spec, lambda: opened_client(mem)) as stack,
-        open_mount(settings, spec, stack) as parts,
-    ):
+    async with composed_mount(settings, spec, mem) as (stack, parts):
         fs = parts.fs
         folder = await fs.lookup(ROOT_INODE, "d")
         assert folder is not None
@@ -212,21 +207,7 @@ async def test_a_live_mounts_json_is_the_old_dict(tmp_path: Path, block_mode: bo
             if i == 0:
                 fs.release(opened.fh)
         await trio.testing.wait_all_tasks_blocked()
-        live = LiveMount(
-            source=spec.display,
-            mountpoint="/mnt/data",
-            pid=os.getpid(),
-            started=0.0,
-            throughput=lambda: 1234.5,
-            fs=fs,
-            storage=stack.counting,
-            retry=stack.retrying,
-            blocks=parts.blocks,
-            disk=parts.disk,
-            hints=parts.hints,
-            whole_file=parts.whole_files,
-            flow=stack.flow,
-        )
+        live = live_mount(spec, stack, parts, throughput=1234.5)
         snapshot = live.snapshot()
         old = old_daemon_dict(parts, stack, live, snapshot.uptime_s)
 
@@ -235,12 +216,6 @@ async def test_a_live_mounts_json_is_the_old_dict(tmp_path: Path, block_mode: bo
     assert (snapshot.disk is None, snapshot.whole_file is None) == (not block_mode, block_mode)
     assert snapshot.storage.range_requests > 0
     assert snapshot.open_files == 1
-
-
-@contextlib.asynccontextmanager
-async def opened_client(mem: InMemoryStorageClient) -> AsyncIterator[InMemoryStorageClient]:
-    """`mem` as a storage factory opens it (open_storage's `factory`)."""
-    yield mem
 
 
 async def test_the_socket_serves_the_json_and_reads_back_the_snapshot(tmp_path: Path) -> None:

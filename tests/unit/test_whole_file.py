@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
@@ -32,6 +33,7 @@ from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.wholefile import entries as wholefile_entries
 from blobmount.wholefile.cache import WholeFileConfig, open_whole_file_cache
+from blobmount.wholefile.writer import EntryWrite, EntryWriter
 
 MiB = 1024 * 1024
 PART = 256 * 1024
@@ -292,6 +294,7 @@ async def test_a_new_version_replaces_the_old_copy(tmp_path):
         with trio.fail_after(5):
             while cache.path(old).exists():
                 await trio.sleep(0.01)
+            await cache.writer.settled()  # the new copy's entry is written in the background
         assert [p.name for p in entries(tmp_path)] == [cache.path(new).name]
 
 
@@ -682,3 +685,48 @@ async def test_a_cold_open_does_not_look_on_disk_for_what_was_never_cached(tmp_p
         kept, new = (cache.path(version(mem, n)).name for n in ("kept.bin", "new.bin"))
         assert looked == [kept, new]
         assert requests(storage)[2] == before[2] + 1
+
+
+# -- deferred writes (EntryWriter.defer) ---------------------------------------------------------
+
+
+async def _deferring_writer(tmp_path: Path, nursery: trio.Nursery):
+    landed: list[EntryWrite] = []
+    # a deferral long enough that only a kick (or settled) can end it within the test
+    writer = EntryWriter(trio.CapacityLimiter(1), landed.append, defer_max_s=3600)
+    nursery.start_soon(writer.run)
+    item = EntryWrite(os.fspath(tmp_path / "entry"), b"bytes" * 100, None)
+    writer.defer(item)
+    await trio.testing.wait_all_tasks_blocked()
+    return writer, item, landed
+
+
+async def test_a_deferred_write_waits_for_the_next_get(tmp_path):
+    async with trio.open_nursery() as nursery:
+        writer, item, landed = await _deferring_writer(tmp_path, nursery)
+        assert writer.busy
+        assert landed == []
+        assert not (tmp_path / "entry").exists()  # not written while nothing else happens
+        writer.kick()  # a GET was handed to storage: the write overlaps it
+        with trio.fail_after(5):
+            while not landed:  # (not `settled`: waiting for that would write it anyway)
+                await trio.sleep(0.01)
+        assert landed == [item]
+        assert item.outcome == "written"
+        assert (tmp_path / "entry").read_bytes() == b"bytes" * 100
+        assert not writer.busy
+        nursery.cancel_scope.cancel()
+
+
+async def test_settled_and_unmount_write_deferred_entries(tmp_path):
+    async with trio.open_nursery() as nursery:
+        writer, item, landed = await _deferring_writer(tmp_path, nursery)
+        with trio.fail_after(5):
+            await writer.settled()  # waiting for it is reason enough to write it now
+        assert item.outcome == "written"
+        second = EntryWrite(os.fspath(tmp_path / "second"), b"two", None)
+        writer.defer(second)
+        nursery.cancel_scope.cancel()  # unmount: what is deferred is still written
+    assert second.outcome == "written"
+    assert (tmp_path / "second").read_bytes() == b"two"
+    assert landed == [item, second]

@@ -13,7 +13,7 @@ Each such blob is named once in the log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
@@ -21,13 +21,8 @@ import trio
 from blobmount.errors import BlobChanged, BlobNotFound
 from blobmount.snapshots.format import SnapshotHeader
 from blobmount.snapshots.table import SnapshotTable
-from blobmount.storage.base import (
-    MAX_LIST_PAGE,
-    BlobProps,
-    ListPage,
-    RangeWithProps,
-    StorageClient,
-)
+from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
+from blobmount.storage.wrapper import WrappingStorageClient
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +33,13 @@ T = TypeVar("T")
 LOGGED_BLOBS_LIMIT = 1000
 
 
-class SnapshotStorageClient(StorageClient):
+class SnapshotStorageClient(WrappingStorageClient):
     """`inner`'s container as `table` recorded it (see the module docstring)."""
 
     def __init__(self, inner: StorageClient, table: SnapshotTable, header: SnapshotHeader) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.table = table
         self.header = header
-        self.location = inner.location
         self._logged: set[str] = set()
         self._said_unnamed = False
         self.changed = 0  # reads refused: the blob changed since the snapshot
@@ -75,26 +69,12 @@ class SnapshotStorageClient(StorageClient):
 
     # -- reads, from storage, pinned to the recorded version -----------------------------------
 
-    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
-        return await self._pinned(name, lambda: self.inner.get_range(name, etag, start, length))
-
-    async def get_range_parts(
-        self, name: str, etag: str, start: int, lengths: Sequence[int]
-    ) -> list[bytes]:
-        return await self._pinned(
-            name, lambda: self.inner.get_range_parts(name, etag, start, lengths)
-        )
-
-    async def get_range_with_props(
-        self, name: str, etag: str, start: int, length: int
-    ) -> RangeWithProps:
-        return await self._pinned(
-            name, lambda: self.inner.get_range_with_props(name, etag, start, length)
-        )
-
-    async def _pinned(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+        # the base sends each read here (listings and properties never reach it, see above):
+        # `fn` asks `inner` with the ETag the caller pinned, and `key` is the blob's name
+        name = key
         try:
-            return await call()
+            return await fn()
         except BlobChanged:
             self.changed += 1
             self._note(name, "changed since the snapshot was taken; its reads fail (EIO)")
@@ -140,6 +120,3 @@ class SnapshotStorageClient(StorageClient):
             return
         if now.etag != recorded.etag:
             self._note(recorded.name, "changed since the snapshot was taken")
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

@@ -19,10 +19,10 @@ import itertools
 import logging
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
-from typing import overload
+from collections.abc import Iterable, Iterator
 
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage
+from blobmount.storage.sorted_listing import AFTER_BYTES, LazyNames, sorted_list_page
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,6 @@ MD5_BYTES = 16
 MAX_NAME_BYTES = 0xFFFF
 
 _AZURE_ETAG = re.compile(r'"0x([0-9A-F]{1,16})"')
-#: above every byte of UTF-8 text: `folder + _AFTER` sorts after every name inside `folder`
-_AFTER = b"\xff"
 
 
 def pack_etag(etag: str) -> tuple[int, int]:
@@ -57,7 +55,7 @@ def offsets_array(lengths: Iterable[int], total: int) -> array[int]:
     return array("I" if total < 2**32 else "Q", itertools.accumulate(lengths, initial=0))
 
 
-class _Names(Sequence[bytes]):
+class _Names(LazyNames[bytes]):
     """The sorted names as a sequence of bytes, for `bisect`."""
 
     __slots__ = ("_blob", "_offsets")
@@ -69,15 +67,9 @@ class _Names(Sequence[bytes]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def name_at(self, position: int) -> bytes:
         offsets = self._offsets
-        return self._blob[offsets[index] : offsets[index + 1]]
+        return self._blob[offsets[position] : offsets[position + 1]]
 
 
 class SnapshotTable:
@@ -237,29 +229,16 @@ class SnapshotTable:
         """A page of the blobs under `prefix`, as `StorageClient.list_page` answers: names that
         go on past the next `delimiter` folded into one folder prefix; the continuation is the
         next name to list."""
-        names, count = self._names, len(self)
-        wanted = prefix.encode()
-        cut_from = len(wanted)
-        delim = delimiter.encode() if delimiter else b""
-        start = continuation.encode() if continuation is not None else wanted
-        index = bisect.bisect_left(names, start)
-        blobs: list[BlobProps] = []
-        prefixes: list[str] = []
-        while index < count and len(blobs) + len(prefixes) < max_results:
-            name = names[index]
-            if not name.startswith(wanted):
-                break
-            cut = name.find(delim, cut_from) if delim else -1
-            if cut >= 0:
-                folder = name[: cut + len(delim)]
-                prefixes.append(folder.decode())
-                # skip every name inside this folder
-                index = bisect.bisect_left(names, folder + _AFTER, index + 1)
-            else:
-                blobs.append(self.props(index))
-                index += 1
-        more = index < count and names[index].startswith(wanted)
-        return ListPage(tuple(blobs), tuple(prefixes), self.name(index) if more else None)
+        return sorted_list_page(
+            self._names,
+            prefix.encode(),
+            delimiter.encode() if delimiter else None,
+            continuation.encode() if continuation is not None else None,
+            max_results,
+            after=AFTER_BYTES,
+            props=self.props,
+            text=bytes.decode,
+        )
 
 
 class TableBuilder:

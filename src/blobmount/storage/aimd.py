@@ -88,6 +88,14 @@ class Served:
         self._prune(now)
         return len(self._done) / self.window_s
 
+    def one_at_a_time(self, now: float) -> float:
+        """Requests a second one request at a time would send: 1 / their mean latency (0 when
+        there were none)."""
+        self._prune(now)
+        if not self._done or self._latency_sum <= 0.0:
+            return 0.0
+        return len(self._done) / self._latency_sum
+
     def concurrency(self, now: float) -> float:
         """The mean number of successful requests in flight over the window."""
         self._prune(now)
@@ -164,6 +172,7 @@ class SendRate:
         probe_step: float = RATE_PROBE_STEP,
         off_factor: float = RATE_OFF_FACTOR,
         min_rate: float = MIN_RATE,
+        window_s: float = WINDOW_S,
     ) -> None:
         if not 0.0 < decrease < 1.0:
             raise ValueError("decrease must be between 0 and 1")
@@ -173,6 +182,7 @@ class SendRate:
         self._probe_step = probe_step
         self._off_factor = off_factor
         self._min_rate = min_rate
+        self._window_s = window_s
         self._on = False
         self._admitted = 0.0  # the rate storage admitted when it last pushed back
         self._start = 0.0  # the rate right after the last cut
@@ -194,27 +204,32 @@ class SendRate:
         if now < ramped:
             share = max(0.0, now - self._cut_at) / self._ramp_s if self._ramp_s > 0 else 1.0
             return self._start + (self._admitted - self._start) * share
-        while now >= self._next_probe_at:
+        off_at = self._off_factor * self._admitted
+        # the waits halve, so the probes end within 2 probe periods: stop at the off level
+        while now >= self._next_probe_at and self._level < off_at:
             self._level *= 1.0 + self._step
             self._step *= 2
             self._wait_s /= 2
             self._next_probe_at += self._wait_s
-        if self._level >= self._off_factor * self._admitted:
+        if self._level >= off_at:
             self._on = False
             log.debug("send rate off: storage admits %.0f/s and more", self._level)
             return None
         return self._level
 
-    def on_throttled(self, sent_at: float, now: float, admitted: float) -> bool:
+    def on_throttled(
+        self, sent_at: float, now: float, admitted: float, *, floor: float = 0.0
+    ) -> bool:
         """Storage refused a request sent at `sent_at` by rate, having admitted `admitted`
-        requests a second lately. Returns whether the rate was cut (once per round: not for
-        a request sent before the last cut)."""
-        if sent_at < self._cut_at:
+        requests a second lately. Returns whether the rate was cut: at most once per window
+        (`window_s`), and never to less than `floor` requests a second."""
+        # the window storage counted in is spent: it refuses until it ends, however slow we go
+        if sent_at < self._cut_at or now - self._cut_at < self._window_s:
             return False
-        admitted = max(self._min_rate, admitted)
+        admitted = max(self._min_rate, floor, admitted)
         self._on = True
         self._admitted = admitted
-        self._start = max(self._min_rate, admitted * self._decrease)
+        self._start = max(self._min_rate, floor, admitted * self._decrease)
         self._cut_at = now
         self._level = admitted
         self._step = self._probe_step

@@ -453,22 +453,54 @@ class AzureStorageClient(StorageClient):
     ) -> list[bytes]:
         """(loop thread) One ranged GET of `sum(lengths)` bytes, cut into parts as it arrives
         (`body_parts`: each byte copied once)."""
-        length = sum(lengths)
+        resp = await self._ranged_get(name, etag, start, sum(lengths))
+        if isinstance(resp, BlobProps):
+            return []
+        return await self._read_parts(resp, name, start, lengths)
+
+    async def _get_range_with_props(
+        self, name: str, etag: str, start: int, length: int
+    ) -> RangeWithProps:
+        """(loop thread) One ranged GET, and the blob's properties from its answer's headers
+        (`rest_parse.props_from_get`); length 0: the properties alone (HEAD)."""
+        if length <= 0:
+            return RangeWithProps(b"", await self._unchanged(name, etag))
+        resp = await self._ranged_get(name, etag, start, length)
+        if isinstance(resp, BlobProps):
+            return RangeWithProps(b"", resp)
+        try:
+            props = props_from_get(name, resp.status, resp.headers)
+        except ValueError as exc:
+            resp.release()
+            raise StorageUnavailable(f"GET {self._where(name)}: {exc}") from None
+        parts = await self._read_parts(resp, name, start, (length,))
+        return RangeWithProps(parts[0] if parts else b"", props)
+
+    async def _ranged_get(
+        self, name: str, etag: str, start: int, length: int
+    ) -> aiohttp.ClientResponse | BlobProps:
+        """(loop thread) Send a GET of `length` (> 0) bytes from `start` pinned to `etag`; the
+        answer unread, or the blob's properties when the range starts at or after its end."""
         headers = {
             "x-ms-range": f"bytes={start}-{start + length - 1}",
             "If-Match": quoted_etag(etag),
         }
         try:
-            resp = await self._send("GET", self._blob_url(name), headers)
+            return await self._send("GET", self._blob_url(name), headers)
         except HttpStatusError as exc:
             if exc.status_code == 416:
                 # Azure answers 416 when the range starts at/after the end (or the blob is empty)
-                await self._past_end(name, etag, start, exc)
-                return []
+                return await self._past_end(name, etag, start, exc)
             if exc.status_code == 412:
                 # a deleted blob also fails If-Match: tell "gone" from "changed"
                 await self._get_properties(name)  # raises 404 if gone
             raise
+
+    async def _read_parts(
+        self, resp: aiohttp.ClientResponse, name: str, start: int, lengths: Sequence[int]
+    ) -> list[bytes]:
+        """(loop thread) The body of a ranged GET from `start`, cut into `lengths` as it arrives;
+        releases `resp`. A body shorter than its headers said is StorageUnavailable."""
         try:
             body_start, expected = _expected_body(resp, start)
             cutter = PartCutter(start - body_start, lengths)
@@ -478,73 +510,28 @@ class AzureStorageClient(StorageClient):
             resp.release()
         if cutter.body_bytes != expected:
             raise StorageUnavailable(
-                f"GET {self._where(name)} bytes {start}+{length}: short body "
+                f"GET {self._where(name)} bytes {start}+{sum(lengths)}: short body "
                 f"({cutter.body_bytes} of {expected} bytes)"
             )
         return cutter.finish()
 
-    async def _get_range_with_props(
-        self, name: str, etag: str, start: int, length: int
-    ) -> RangeWithProps:
-        """(loop thread) One ranged GET, and the blob's properties from its answer's headers
-        (`rest_parse.props_from_get`); length 0: the properties alone (HEAD)."""
-        if length <= 0:
-            props = await self._get_properties(name)
-            if props.etag != quoted_etag(etag):
-                raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
-            return RangeWithProps(b"", props)
-        headers = {
-            "x-ms-range": f"bytes={start}-{start + length - 1}",
-            "If-Match": quoted_etag(etag),
-        }
-        try:
-            resp = await self._send("GET", self._blob_url(name), headers)
-        except HttpStatusError as exc:
-            if exc.status_code == 416:
-                # past the end (or an empty blob): nothing to read, as `_past_end` decides
-                props = await self._get_properties(name)
-                if props.etag != quoted_etag(etag):
-                    raise BlobChanged(
-                        f"GET {self._where(name)}: the blob changed since it was opened"
-                    ) from None
-                if start < props.size:
-                    raise
-                return RangeWithProps(b"", props)
-            if exc.status_code == 412:
-                await self._get_properties(name)  # raises 404 if gone
-            raise
-        try:
-            try:
-                props = props_from_get(name, resp.status, resp.headers)
-            except ValueError as exc:
-                raise StorageUnavailable(f"GET {self._where(name)}: {exc}") from None
-            body_start, expected = _expected_body(resp, start)
-            cutter = PartCutter(start - body_start, (length,))
-            async for chunk in resp.content.iter_any():
-                cutter.feed(chunk)
-        finally:
-            resp.release()
-        if cutter.body_bytes != expected:
-            raise StorageUnavailable(
-                f"GET {self._where(name)} bytes {start}+{length}: short body "
-                f"({cutter.body_bytes} of {expected} bytes)"
-            )
-        parts = cutter.finish()
-        return RangeWithProps(parts[0] if parts else b"", props)
-
-    async def _check_unchanged(self, name: str, etag: str) -> None:
-        """(loop thread) Raises unless the blob is still there with ETag `etag`."""
+    async def _unchanged(self, name: str, etag: str) -> BlobProps:
+        """(loop thread) The blob's properties; raises unless it is still there with `etag`."""
         props = await self._get_properties(name)
         if props.etag != quoted_etag(etag):
-            raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
+            # `from None`: also when called while handling an error whose text may quote a URL
+            raise BlobChanged(
+                f"GET {self._where(name)}: the blob changed since it was opened"
+            ) from None
+        return props
 
-    async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> None:
-        """Returns if a 416 meant "nothing there" (the range starts at or after the end)."""
-        props = await self._get_properties(name)
-        if props.etag != quoted_etag(etag):
-            raise BlobChanged(f"GET {self._where(name)}: the blob changed since it was opened")
+    async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> BlobProps:
+        """The blob's properties if a 416 meant "nothing there" (the range starts at or after
+        the end); raises `exc` otherwise."""
+        props = await self._unchanged(name, etag)
         if start < props.size:
             raise exc  # 416 for a range inside the blob: not something we asked for
+        return props
 
     @staticmethod
     async def _tagged(request_id: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -626,7 +613,7 @@ class AzureStorageClient(StorageClient):
         if length <= 0:
             # nothing to fetch, but keep the contract: a gone or changed blob still fails (in
             # one call, so that its failure names the request id like every other)
-            await self._call("get properties of", name, lambda: self._check_unchanged(name, etag))
+            await self._call("get properties of", name, lambda: self._unchanged(name, etag))
             return b""
         parts = await self.get_range_parts(name, etag, start, (length,))
         return parts[0] if parts else b""

@@ -13,6 +13,7 @@ from blobmount.storage.base import (
     RangeWithProps,
     StorageClient,
 )
+from blobmount.storage.wrapper import WrappingStorageClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +29,9 @@ class StorageStats:
         return self.list_requests + self.properties_requests + self.range_requests
 
 
-class CountingStorageClient(StorageClient):
+class CountingStorageClient(WrappingStorageClient):
     def __init__(self, inner: StorageClient) -> None:
-        self.inner = inner
-        self.location = inner.location
+        super().__init__(inner)
         self.list_requests = 0
         self.properties_requests = 0
         self.range_requests = 0
@@ -100,9 +100,6 @@ class CountingStorageClient(StorageClient):
             raise
         self.range_bytes += len(got.data)
         return got
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
     def statistics(self) -> StorageStats:
         return StorageStats(

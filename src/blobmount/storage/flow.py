@@ -285,7 +285,10 @@ class FlowController:
             )
         elif isinstance(exc, Throttled) and not paused and self._limit.limit <= floor:
             admitted = self._served.rate(now)
-            if self._rate.on_throttled(sent_at, now, admitted):
+            # never slower than one request at a time, the least the limit alone would send:
+            # throttling that does not ease as the client slows is not about its rate
+            floor_rate = self._served.one_at_a_time(now)
+            if self._rate.on_throttled(sent_at, now, admitted, floor=floor_rate):
                 self._rate_cuts += 1
                 log.info(
                     "storage of %s throttles by rate (%s): at most %.0f requests a second",

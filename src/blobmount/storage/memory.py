@@ -22,6 +22,7 @@ from blobmount.storage.base import (
     RangeWithProps,
     StorageClient,
 )
+from blobmount.storage.sorted_listing import sorted_text_page
 
 _etags = itertools.count(1)
 
@@ -69,25 +70,15 @@ class InMemoryStorageClient(StorageClient):
         max_results: int = MAX_LIST_PAGE,
     ) -> ListPage:
         await trio.lowlevel.checkpoint()
-        start = continuation if continuation is not None else prefix
-        i = bisect.bisect_left(self._names, start)
-        blobs: list[BlobProps] = []
-        prefixes: list[str] = []
-        while i < len(self._names) and len(blobs) + len(prefixes) < max_results:
-            name = self._names[i]
-            if not name.startswith(prefix):
-                break
-            cut = name.find(delimiter, len(prefix)) if delimiter else -1
-            if cut >= 0:
-                folder = name[: cut + len(delimiter or "")]
-                prefixes.append(folder)
-                # skip every name inside this folder
-                i = bisect.bisect_left(self._names, folder + "\U0010ffff")
-            else:
-                blobs.append(self._props[name])
-                i += 1
-        more = i < len(self._names) and self._names[i].startswith(prefix)
-        return ListPage(tuple(blobs), tuple(prefixes), self._names[i] if more else None)
+        names, props = self._names, self._props
+        return sorted_text_page(
+            names,
+            lambda position: props[names[position]],
+            prefix,
+            delimiter,
+            continuation,
+            max_results,
+        )
 
     async def get_properties(self, name: str) -> BlobProps:
         await trio.lowlevel.checkpoint()

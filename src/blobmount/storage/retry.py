@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import trio
 
 from blobmount.errors import StorageUnavailable
-from blobmount.storage.base import (
-    MAX_LIST_PAGE,
-    BlobProps,
-    ListPage,
-    RangeWithProps,
-    StorageClient,
-)
+from blobmount.storage.base import StorageClient
 from blobmount.storage.overload import CircuitOpen
+from blobmount.storage.wrapper import WrappingStorageClient
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +48,7 @@ class RetryStatistics:
     gave_up: int  # operations that failed even after every retry
 
 
-class RetryingStorageClient(StorageClient):
+class RetryingStorageClient(WrappingStorageClient):
     """Wraps a StorageClient; retries StorageUnavailable up to `retries` extra attempts.
 
     The pause before retry n (n = 0, 1, ...) is uniform in [0, min(max_delay_s,
@@ -74,8 +69,7 @@ class RetryingStorageClient(StorageClient):
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        self.inner = inner
-        self.location = inner.location
+        super().__init__(inner)
         self._retries = retries
         self._base_delay_s = base_delay_s
         self._max_delay_s = max_delay_s
@@ -98,7 +92,7 @@ class RetryingStorageClient(StorageClient):
             delay = max(delay, self._pacer.pause_remaining())
         return delay
 
-    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         attempt = 0
         while True:
             try:
@@ -118,48 +112,3 @@ class RetryingStorageClient(StorageClient):
                     "%s: retry %d/%d in %.2fs after: %s", what, attempt, self._retries, delay, exc
                 )
                 await trio.sleep(delay)
-
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        continuation: str | None = None,
-        max_results: int = MAX_LIST_PAGE,
-    ) -> ListPage:
-        return await self._retrying(
-            f"list {prefix!r}",
-            lambda: self.inner.list_page(
-                prefix, delimiter=delimiter, continuation=continuation, max_results=max_results
-            ),
-        )
-
-    async def get_properties(self, name: str) -> BlobProps:
-        return await self._retrying(
-            f"get properties of {name!r}", lambda: self.inner.get_properties(name)
-        )
-
-    async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
-        return await self._retrying(
-            f"GET {name!r} bytes {start}+{length}",
-            lambda: self.inner.get_range(name, etag, start, length),
-        )
-
-    async def get_range_parts(
-        self, name: str, etag: str, start: int, lengths: Sequence[int]
-    ) -> list[bytes]:
-        return await self._retrying(
-            f"GET {name!r} bytes {start}+{sum(lengths)}",
-            lambda: self.inner.get_range_parts(name, etag, start, lengths),
-        )
-
-    async def get_range_with_props(
-        self, name: str, etag: str, start: int, length: int
-    ) -> RangeWithProps:
-        return await self._retrying(
-            f"GET {name!r} bytes {start}+{length}",
-            lambda: self.inner.get_range_with_props(name, etag, start, length),
-        )
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

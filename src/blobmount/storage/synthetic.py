@@ -20,12 +20,9 @@ differ by multiples of a power of two) or from the wrong file does not match.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
 
 import trio
 
@@ -38,6 +35,7 @@ from blobmount.storage.base import (
     RangeWithProps,
     StorageClient,
 )
+from blobmount.storage.sorted_listing import LazyNames, sorted_text_page
 
 #: odd, so that no offset error of a power-of-two multiple maps a byte onto an equal one
 PATTERN_SIZE = 4 * 1024 * 1024 + 9
@@ -110,7 +108,7 @@ class SyntheticDataset:
         return BlobProps(self.name(index), self.size(index), self.etag(index), MODIFIED)
 
 
-class _Names(Sequence[str]):
+class _Names(LazyNames[str]):
     """The dataset's names in sorted order, computed on demand (for `bisect`)."""
 
     def __init__(self, dataset: SyntheticDataset) -> None:
@@ -126,15 +124,7 @@ class _Names(Sequence[str]):
         small = position - self._first_small
         return small if small >= 0 else self._dataset.small_files + position
 
-    @overload
-    def __getitem__(self, position: int) -> str: ...
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[str]: ...
-    def __getitem__(self, position: int | slice) -> str | Sequence[str]:
-        if isinstance(position, slice):
-            return [self[p] for p in range(*position.indices(len(self)))]
-        if not 0 <= position < len(self):
-            raise IndexError(position)
+    def name_at(self, position: int) -> str:
         return self._dataset.name(self.file_at(position))
 
 
@@ -198,24 +188,15 @@ class SyntheticStorageClient(StorageClient):
         max_results: int = MAX_LIST_PAGE,
     ) -> ListPage:
         await trio.lowlevel.checkpoint()
-        names = self._names
-        position = bisect.bisect_left(names, continuation if continuation is not None else prefix)
-        blobs: list[BlobProps] = []
-        prefixes: list[str] = []
-        while position < len(names) and len(blobs) + len(prefixes) < max_results:
-            name = names[position]
-            if not name.startswith(prefix):
-                break
-            cut = name.find(delimiter, len(prefix)) if delimiter else -1
-            if cut >= 0:
-                folder = name[: cut + len(delimiter or "")]
-                prefixes.append(folder)
-                position = bisect.bisect_left(names, folder + "\U0010ffff")
-            else:
-                blobs.append(self.dataset.props(names.file_at(position)))
-                position += 1
-        more = position < len(names) and names[position].startswith(prefix)
-        return ListPage(tuple(blobs), tuple(prefixes), names[position] if more else None)
+        names, dataset = self._names, self.dataset
+        return sorted_text_page(
+            names,
+            lambda position: dataset.props(names.file_at(position)),
+            prefix,
+            delimiter,
+            continuation,
+            max_results,
+        )
 
     async def get_properties(self, name: str) -> BlobProps:
         await trio.lowlevel.checkpoint()

@@ -11,12 +11,13 @@ the first GET's answer, pinned to the version, also gives the blob's size and Co
 sizes, three paths:
 
 - up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, checked, and the opens waiting
-  for it are answered at once from those bytes; only then is the entry written and renamed, on
-  the trio thread while the disk answers fast (a thread hop costs more than writing a small
-  file to the page cache; `blocks.inline_reads` judges "fast"), else in a worker thread. The
-  copy's fd takes over from the bytes when the write lands. The transfer slot is held until
-  then, so bytes waiting for the disk stay within `download_slots * MEMORY_MAX_BYTES`; the
-  write runs even at unmount (it is short), so a file read once is cached.
+  for it are answered at once from those bytes; only then is the entry written and renamed
+  (`writer`): in a worker thread while other downloads or writes are in flight, else on the
+  trio thread during the next download's GET (a thread hop costs more than writing a small
+  file to the page cache, but doing it at once would hold up the reader's next request). The
+  transfer slot is held until the write lands, so bytes waiting for the disk stay within
+  `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is short), so a file
+  read once is cached.
 - up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
 - bigger: parts fetched concurrently into a temporary file, renamed once whole and checked
   (`fetch.fetch_parts`).
@@ -144,7 +145,7 @@ class LocalCopy:
 class _Download:
     """A download in progress, and the opens waiting for it."""
 
-    __slots__ = ("copy", "done", "error", "fits", "scope", "waiters", "write_here")
+    __slots__ = ("copy", "done", "error", "fits", "scope", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -153,8 +154,6 @@ class _Download:
         self.error: Exception | None = None
         self.fits = True
         self.waiters = 0
-        #: its copy's entry, to write in this task once the opens are answered
-        self.write_here: EntryWrite | None = None
 
 
 class _DoesNotFit(Exception):
@@ -455,8 +454,6 @@ class WholeFileCache:
                 download.copy = None
             self._unpin_if_idle(path)
             download.done.set()
-        if download.write_here is not None:
-            await self.writer.write_here(download.write_here)
 
     async def _reserve(self, version: BlobVersion, path: Path) -> tuple[int, object]:
         """Room for `version`'s entry and a transfer slot: (the bytes reserved, the slot's
@@ -487,6 +484,7 @@ class WholeFileCache:
         gives back the room and the slot taken here)."""
         estimate, slot = await self._reserve(version, path)
         try:
+            self.writer.kick()  # the previous file's deferred write overlaps this GET
             # checked before any open gets the bytes: a reader never sees unverified data
             data, _ = await fetch_whole(self._storage, version, self._in_thread)
         except BaseException:
@@ -510,8 +508,8 @@ class WholeFileCache:
         if self.writer.busy or len(self._downloads) > 1:
             self.writer.submit(write)
         else:
-            # alone: written here once the opens have their answer (`_run_download`)
-            download.write_here = write
+            # alone: written on this thread during the next GET (`EntryWriter.defer`)
+            self.writer.defer(write)
         return copy
 
     def _write_landed(self, write: EntryWrite) -> None:
@@ -560,6 +558,7 @@ class WholeFileCache:
         written = 0
         free: int | None = None
         try:
+            self.writer.kick()
             data, _ = await fetch_whole(self._storage, version, self._in_thread)
             fd, written, free = await self._in_thread(entries.write_entry, os.fspath(path), data)
         except OSError as exc:
@@ -581,6 +580,7 @@ class WholeFileCache:
         free: int | None = None
         try:
             await self._in_thread(entries.make_folder, path.parent)
+            self.writer.kick()
             await fetch_parts(
                 self._storage,
                 version,

@@ -1,5 +1,6 @@
-"""The whole-file cache's background writer: small copies fetched into memory are checked and
-written to their entries in a worker thread, a batch of them per thread hop.
+"""The whole-file cache's background writer: small copies fetched into memory are written to
+their entries, checked, either in a worker thread (a batch per thread hop) or on the trio thread
+while it would otherwise wait for the network.
 
 Why a thread and batches: the FUSE loop's thread was the bottleneck of small-file reads, and
 every system call made on it lets the storage client's loop thread take the GIL, for up to the
@@ -8,12 +9,18 @@ time in the Content-MD5 check, the temporary's creation, write and rename, done 
 thread hop per file costs about 90 µs of CPU; a batch shares one hop among the files whose
 writes are waiting, which under load is most of them.
 
-Each write checks the bytes against the blob's Content-MD5 (when it has one) first, so an
-entry is only ever written from checked bytes, through a temporary renamed into place
-(`entries.write_entry`). `settled()` waits until every write submitted so far has landed.
-When nothing else is being fetched or written (one reader, or a quiet moment), a write is done
-on the trio thread instead (`write_here`), once the open it served has been answered: then
-the hop would cost more than it saves.
+When nothing else is being fetched or written (one reader, say), the hop would cost more than it
+saves, so the write is deferred (`defer`) and done on the trio thread, but not at once: creating,
+writing and renaming a file takes 0.2-0.3 ms of that thread's time, and a reader that has just
+been answered sends its next request (read, close, the next open) right away, which would wait
+for it. A deferred write is done once the next download has handed its GET to the storage client
+(`kick`) and the trio thread has nothing else to run: it then overlaps that GET's round trip. If
+no GET comes, it is done after `DEFER_MAX_S`, or at once when someone waits for `settled()`.
+
+Each write checks the bytes against the blob's Content-MD5 (when given one) first, so an entry is
+only ever written from checked bytes, through a temporary renamed into place
+(`entries.put_entry`). `settled()` waits until every write submitted or deferred so far has
+landed.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+import trio.testing
 
 from blobmount.wholefile import entries
 
@@ -32,6 +40,9 @@ log = logging.getLogger(__name__)
 
 #: writes handed to one thread call at most (bounds how long a batch holds its thread)
 MAX_BATCH = 64
+#: a deferred write waits at most this long for the next GET, then at most as long again for a
+#: moment when the trio thread has nothing else to run
+DEFER_MAX_S = 0.005
 
 
 @dataclass(slots=True)
@@ -70,72 +81,109 @@ def write_batch(batch: list[EntryWrite]) -> None:
 
 
 class EntryWriter:
-    """Runs `write_batch` in worker threads (`limiter`) for whatever has been submitted;
-    `landed(item)` is called on the trio thread for each item as its batch ends."""
+    """Writes entries: `submit`ted ones by `write_batch` in worker threads (`limiter`),
+    `defer`red ones on the trio thread (see the module docstring). `landed(item)` is called on
+    the trio thread for each item once it is done. `run` is the writer's task."""
 
-    def __init__(self, limiter: trio.CapacityLimiter, landed: Callable[[EntryWrite], None]) -> None:
+    def __init__(
+        self,
+        limiter: trio.CapacityLimiter,
+        landed: Callable[[EntryWrite], None],
+        *,
+        defer_max_s: float = DEFER_MAX_S,
+    ) -> None:
         self._limiter = limiter
         self._landed = landed
+        self._defer_max_s = defer_max_s
         self._queue: list[EntryWrite] = []
         self._wake = trio.Event()
+        self._deferred: list[EntryWrite] = []
+        self._deferred_wake = trio.Event()
+        #: set when a GET has just been handed to storage (or someone waits for `settled`)
+        self._go = trio.Event()
         self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
 
     @property
     def busy(self) -> bool:
-        """Writes are queued or in flight."""
-        return bool(self._queue or self._in_flight)
+        """Writes are queued, deferred or in flight."""
+        return bool(self._queue or self._deferred or self._in_flight)
 
     def submit(self, item: EntryWrite) -> None:
-        """Queue `item` for the next batch."""
+        """Queue `item` for the next batch in a worker thread."""
         self._queue.append(item)
         self._not_idle()
         self._wake.set()
 
-    async def write_here(self, item: EntryWrite) -> None:
-        """Write `item` on this (the trio) thread, after the tasks runnable now have run:
-        when nothing else is being fetched or written, the thread hop would cost more than
-        the write, and nobody waits for it. Shielded, like a batch."""
-        self._in_flight += 1
+    def defer(self, item: EntryWrite) -> None:
+        """Write `item` on the trio thread while it waits for the next GET (or soon anyway):
+        for when nothing else is being fetched or written, and nobody waits for the write."""
+        self._deferred.append(item)
         self._not_idle()
-        try:
-            with trio.CancelScope(shield=True):
-                # the opens woken with this copy come first: they run in the next batch of
-                # tasks, and the second checkpoint puts this write after that batch
-                await trio.lowlevel.checkpoint()
-                await trio.lowlevel.checkpoint()
-                write_batch([item])
-        finally:
-            self._in_flight -= 1
-            if not item.outcome:
-                item.outcome = "skipped"
-            self._landed(item)
-            self._idle_if_done()
+        self._deferred_wake.set()
+
+    def kick(self) -> None:
+        """(called just before a GET is handed to storage) Deferred writes go now: the trio
+        thread is about to wait for the network."""
+        if self._deferred:
+            self._go.set()
 
     def _not_idle(self) -> None:
         if self._idle.is_set():
             self._idle = trio.Event()
 
     def _idle_if_done(self) -> None:
-        if not self._queue and not self._in_flight:
+        if not self._queue and not self._deferred and not self._in_flight:
             self._idle.set()
 
     async def settled(self) -> None:
-        """Wait until every write submitted so far has landed."""
+        """Wait until every write submitted or deferred so far has landed."""
+        self.kick()
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Write batches until cancelled; then write what is still queued (shielded: the
+        """Write until cancelled; then write what is still queued or deferred (shielded: the
         bytes are checked and here, and each write is short)."""
         try:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                await self._write_queued()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_batches)
+                nursery.start_soon(self._run_deferred)
         finally:
             with trio.CancelScope(shield=True):
+                self._write_deferred()
                 await self._write_queued()
+
+    async def _run_batches(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self._write_queued()
+
+    async def _run_deferred(self) -> None:
+        while True:
+            await self._deferred_wake.wait()
+            self._deferred_wake = trio.Event()
+            with trio.move_on_after(self._defer_max_s):
+                await self._go.wait()
+            self._go = trio.Event()
+            # the kick comes before the GET's own checkpoints: let its task reach the bridge
+            # (and every other runnable task run) before taking the thread
+            with trio.move_on_after(self._defer_max_s):
+                await trio.testing.wait_all_tasks_blocked()
+            self._write_deferred()
+
+    def _write_deferred(self) -> None:
+        """(trio thread) Write every deferred item here and now."""
+        while self._deferred:
+            batch, self._deferred = self._deferred, []
+            self._in_flight += len(batch)
+            try:
+                write_batch(batch)
+            finally:
+                self._in_flight -= len(batch)
+                self._land(batch)
+        self._idle_if_done()
 
     async def _write_queued(self) -> None:
         while self._queue:
@@ -147,8 +195,11 @@ class EntryWriter:
                     await trio.to_thread.run_sync(write_batch, batch, limiter=self._limiter)
             finally:
                 self._in_flight -= len(batch)
-                for item in batch:
-                    if not item.outcome:
-                        item.outcome = "skipped"  # the thread never ran (cancelled first)
-                    self._landed(item)
+                self._land(batch)
         self._idle_if_done()
+
+    def _land(self, batch: list[EntryWrite]) -> None:
+        for item in batch:
+            if not item.outcome:
+                item.outcome = "skipped"  # never written (the thread never ran, or it failed)
+            self._landed(item)
