@@ -31,8 +31,10 @@ Storage pushes back in two ways, and one knob cannot answer both:
     `SendRate` then paces requests at `DECREASE_RATE` times the rate storage admitted over the
     last second, climbs back to that rate over `RAMP_S`, and then probes above it (each probe
     that passes comes twice as soon and raises the rate twice as much), until it holds nothing
-    back and is switched off. Cuts never compound: each is from the measured admitted rate, not
-    from the current one, so a burst of refusals cannot drive the rate towards zero.
+    back and is switched off. Cuts do not compound: each is from the measured admitted rate, not
+    from the current one, at most one per window (the rest of a spent window refuses whatever
+    is sent), and never below the caller's floor (flow.py: one request at a time, for refusals
+    that do not ease as the client slows are not about its rate).
 """
 
 from __future__ import annotations

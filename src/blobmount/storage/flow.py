@@ -156,10 +156,22 @@ class FlowController:
         open. The caller must end the returned `Sent` (answered, failed or abandoned)."""
         if not self.config.enabled:
             return self._hold(object(), probe=False)
-        if self._breaker.rejects(trio.current_time()):
+        now = trio.current_time()
+        if self._breaker.rejects(now):
             raise self._reject(what)
-        started = trio.current_time()
         token = object()
+        if (
+            self._breaker.state is BreakerState.CLOSED
+            and self._slots.available_tokens > 0
+            and self.pause_remaining() <= 0
+            and self._rate.rate(now) is None
+        ):
+            # the common case, with nothing to wait for: no cancel scope, no sleep (a
+            # checkpoint still lets others run, as a waiting acquire would)
+            self._slots.acquire_on_behalf_of_nowait(token)
+            await trio.lowlevel.checkpoint()
+            return self._hold(token, probe=False)
+        started = now
         try:
             # a pause may be pushed back while this one waits: wait until none is left
             while (pause := self.pause_remaining()) > 0:  # noqa: ASYNC110
@@ -238,9 +250,9 @@ class FlowController:
             self._breaker.probe_abandoned()
 
     def _saturated(self) -> bool:
-        stats = self._slots.statistics()
-        # this request's slot is still held: all taken, or someone waits for one
-        return stats.tasks_waiting > 0 or stats.borrowed_tokens >= self._limit.limit
+        # this request's slot is still held: all taken (someone waiting implies that too);
+        # not statistics(), which copies the set of borrowers on every call
+        return self._slots.borrowed_tokens >= self._limit.limit
 
     def _answered(self, token: object | None, sent_at: float, probe: bool) -> None:
         now = trio.current_time()
