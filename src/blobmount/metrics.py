@@ -131,6 +131,18 @@ SIMPLE: tuple[tuple[str, str, str, Figure], ...] = (
         lambda s: s.flow.limit_cuts,
     ),
     (
+        "gauge",
+        "storage_send_rate",
+        "Requests a second the flow controller paces sends at (0: not pacing)",
+        lambda s: s.flow.send_rate,
+    ),
+    (
+        "counter",
+        "storage_rate_cuts",
+        "Times the send rate was cut by a throttle at the in-flight floor",
+        lambda s: s.flow.rate_cuts,
+    ),
+    (
         "counter",
         "storage_queued_seconds",
         "Seconds requests waited for a slot or the account's Retry-After pause",

@@ -141,10 +141,16 @@ def _flow_line(flow: FlowStats) -> str:
         breaker += f" for {flow.breaker_open_s:.0f}s"
     return (
         f"flow control      {flow.in_flight} in flight, limit {flow.in_flight_limit} of "
-        f"{flow.in_flight_limit_max} ({flow.limit_cuts} cuts); {flow.sent} sent, "
+        f"{flow.in_flight_limit_max} ({flow.limit_cuts} cuts); {_pacing(flow)}{flow.sent} sent, "
         f"{flow.throttled} throttled, {flow.timeouts} timed out, queued {flow.queued_s:.1f}s; "
         f"breaker {breaker} (opened {flow.breaker_opened}x, {flow.fast_failures} failed at once)"
     )
+
+
+def _pacing(flow: FlowStats) -> str:
+    if not flow.send_rate and not flow.rate_cuts:
+        return ""
+    return f"pacing {flow.send_rate:.0f}/s ({flow.rate_cuts} cuts); "
 
 
 def _disk_ratio(disk: DiskTierStats | None) -> str:

@@ -65,6 +65,8 @@ FIGURE_OF: dict[Sample, str] = {
     ("blobmount_storage_in_flight_limit", ()): "flow.in_flight_limit",
     ("blobmount_storage_in_flight_limit_max", ()): "flow.in_flight_limit_max",
     ("blobmount_storage_limit_cuts_total", ()): "flow.limit_cuts",
+    ("blobmount_storage_send_rate", ()): "flow.send_rate",
+    ("blobmount_storage_rate_cuts_total", ()): "flow.rate_cuts",
     ("blobmount_storage_queued_seconds_total", ()): "flow.queued_s",
     ("blobmount_storage_breaker_open_seconds", ()): "flow.breaker_open_s",
     ("blobmount_storage_breaker_opened_total", ()): "flow.breaker_opened",
