@@ -26,7 +26,10 @@ import signal
 import sys
 from pathlib import Path
 
-from scenarios.proxy_process import ProxyProcess
+if __name__ == "__main__":  # run as a script: tests.helpers is under the repository's root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.helpers.proxy_process import ProxyProcess
 
 HOST = "127.0.0.1"
 

@@ -30,6 +30,7 @@ from blobmount.mountpoint import mount_type, unmount_fuse
 from blobmount.readiness import READY_FD_ENV, wait_for_ready_line
 from blobmount.runstate import MountRecord, default_log_file, pid_alive
 from blobmount.settings import ENV_VARS, Settings, load_settings
+from blobmount.source import SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,21 @@ def log_file_origin(from_flag: bool) -> str:
 # -- mounting -------------------------------------------------------------------------------
 
 
+def check_mount_request(uri: str, overrides: Mapping[str, Any]) -> tuple[Settings, SourceSpec]:
+    """The checks that need no mount: the settings (`overrides` winning over the environment),
+    the URI, and FUSE. Run by the caller before it spawns a daemon, and by the daemon itself.
+
+    Raises:
+        ConfigError, SourceError, CredentialError, FuseUnavailable: see `start_mount`.
+    """
+    settings = load_settings(**overrides)
+    spec = resolve_source(uri)
+    problem = fuse_problem()
+    if problem is not None:
+        raise FuseUnavailable(problem)
+    return settings, spec
+
+
 def child_env(settings: Settings, overrides: Mapping[str, Any]) -> dict[str, str]:
     """The DATASET_MOUNT_* variables that carry `overrides` (flags or keyword arguments) to the
     daemon, written from the validated `settings` so the daemon parses exactly what we checked.
@@ -213,11 +229,7 @@ def start_mount(
     """
     overrides = dict(overrides or {})
     # Cheap checks first, in the caller's process: bad settings or a bad URI stop here.
-    settings = load_settings(**overrides)
-    spec = resolve_source(uri)
-    problem = fuse_problem()
-    if problem is not None:
-        raise FuseUnavailable(problem)
+    settings, spec = check_mount_request(uri, overrides)
     mountpoint = Path(mountpoint).absolute()
     if settings.log_file is None:
         log_file = default_log_file(mountpoint).absolute()

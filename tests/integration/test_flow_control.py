@@ -36,7 +36,7 @@ from blobmount.storage.overload import CircuitOpen
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.bounds import SLACK_S, Limits
 from tests.helpers.fault_proxy import ALL_KINDS, RANGE_ONLY, Admission, FaultProxy, throttle
-from tests.helpers.proxy_process import ProxyProcess
+from tests.helpers.proxy_process import AdmissionProxy
 
 pytestmark = pytest.mark.azurite
 
@@ -60,7 +60,7 @@ def blobs(azurite) -> Iterator[str]:
 
 @asynccontextmanager
 async def stack_through_proxy(
-    azurite, proxy: FaultProxy | ProxyProcess, container: str, tmp_path: Path, retries: int = 7
+    azurite, proxy: FaultProxy | AdmissionProxy, container: str, tmp_path: Path, retries: int = 7
 ) -> AsyncIterator[StorageStack]:
     settings = load_settings(
         {},
@@ -199,11 +199,11 @@ async def test_an_outage_fails_reads_fast_once_the_breaker_opens_and_recovery_is
 async def test_a_server_refusing_beyond_n_in_flight_gets_about_n(azurite, blobs, tmp_path):
     n = 3
     admission = Admission(max_in_flight=n, kinds=RANGE_ONLY)
-    with ProxyProcess(azurite.port, admission) as proxy:
+    with AdmissionProxy(azurite.port, admission) as proxy:
         await refusing_beyond_n(azurite, proxy, n, blobs, tmp_path)
 
 
-async def refusing_beyond_n(azurite, proxy: ProxyProcess, n: int, blobs: str, tmp_path: Path):
+async def refusing_beyond_n(azurite, proxy: AdmissionProxy, n: int, blobs: str, tmp_path: Path):
     async with stack_through_proxy(azurite, proxy, blobs, tmp_path) as stack:
         tags = await etags(stack)
         limits: list[int] = []

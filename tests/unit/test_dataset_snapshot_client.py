@@ -64,7 +64,7 @@ async def _list_all(client, prefix, delimiter, max_results):
         )
         pages += 1
         found += [
-            (b.name, b.size, b.etag, b.content_md5, b.is_dir_marker, round(b.last_modified, 3))
+            (b.name, b.size, b.etag, b.content_md5, b.is_dir_marker, round(b.last_modified * 1000))
             for b in page.blobs
         ]
         folders += page.prefixes

@@ -32,7 +32,7 @@ from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.wholefile import entries as wholefile_entries
-from blobmount.wholefile.cache import WholeFileConfig, open_whole_file_cache
+from blobmount.wholefile.cache import WholeFileConfig, WholeFileStats, open_whole_file_cache
 from blobmount.wholefile.writer import EntryWrite, EntryWriter
 
 MiB = 1024 * 1024
@@ -99,26 +99,35 @@ async def test_open_downloads_once_and_reads_locally(tmp_path):
     assert temporaries(tmp_path) == []
 
 
-async def test_concurrent_opens_share_one_download(tmp_path):
+async def _open_concurrently(
+    tmp_path: Path, name: str, size: int, opens: int
+) -> tuple[bytes, CountingStorageClient, WholeFileStats, list[bytes]]:
+    """Open and read `name` (`size` bytes) `opens` times at once through a new cache: its
+    bytes, the storage, the cache's statistics after the reads, and what each read got."""
     mem = InMemoryStorageClient()
-    data = pattern_bytes("shared.bin", 0, 2 * MiB)
-    mem.put("shared.bin", data)
+    data = pattern_bytes(name, 0, size)
+    mem.put(name, data)
     storage = CountingStorageClient(mem)
     got: list[bytes] = []
     async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
         assert cache is not None
 
         async def opener() -> None:
-            copy = await cache.open(version(mem, "shared.bin"))
+            copy = await cache.open(version(mem, name))
             got.append(await read_all(cache, copy))
 
         async with trio.open_nursery() as nursery:
-            for _ in range(6):
+            for _ in range(opens):
                 nursery.start_soon(opener)
         stats = cache.statistics()
-        assert stats.downloads == 1
-        assert stats.shared_opens == 5
-        assert stats.open_copies == 0
+    return data, storage, stats, got
+
+
+async def test_concurrent_opens_share_one_download(tmp_path):
+    data, storage, stats, got = await _open_concurrently(tmp_path, "shared.bin", 2 * MiB, 6)
+    assert stats.downloads == 1
+    assert stats.shared_opens == 5
+    assert stats.open_copies == 0
     assert got == [data] * 6
     assert storage.statistics().range_requests == -(-len(data) // PART)
 
@@ -464,23 +473,8 @@ async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
 
 
 async def test_concurrent_opens_of_a_small_file_share_one_get(tmp_path):
-    mem = InMemoryStorageClient()
-    data = pattern_bytes("hot.bin", 0, 20_000)
-    mem.put("hot.bin", data)
-    storage = CountingStorageClient(mem)
-    got: list[bytes] = []
-    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
-        assert cache is not None
-
-        async def opener() -> None:
-            copy = await cache.open(version(mem, "hot.bin"))
-            got.append(await read_all(cache, copy))
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(8):
-                nursery.start_soon(opener)
-        stats = cache.statistics()
-        assert (stats.downloads, stats.shared_opens, stats.open_copies) == (1, 7, 0)
+    data, storage, stats, got = await _open_concurrently(tmp_path, "hot.bin", 20_000, 8)
+    assert (stats.downloads, stats.shared_opens, stats.open_copies) == (1, 7, 0)
     assert got == [data] * 8
     assert requests(storage) == (0, 0, 1)
     assert len(entries(tmp_path)) == 1
@@ -695,7 +689,7 @@ async def _deferring_writer(tmp_path: Path, nursery: trio.Nursery):
     # a deferral long enough that only a kick (or settled) can end it within the test
     writer = EntryWriter(trio.CapacityLimiter(1), landed.append, defer_max_s=3600)
     nursery.start_soon(writer.run)
-    item = EntryWrite(os.fspath(tmp_path / "entry"), b"bytes" * 100, None)
+    item = EntryWrite(os.fspath(tmp_path / "entry"), b"bytes" * 100)
     writer.defer(item)
     await trio.testing.wait_all_tasks_blocked()
     return writer, item, landed
@@ -724,7 +718,7 @@ async def test_settled_and_unmount_write_deferred_entries(tmp_path):
         with trio.fail_after(5):
             await writer.settled()  # waiting for it is reason enough to write it now
         assert item.outcome == "written"
-        second = EntryWrite(os.fspath(tmp_path / "second"), b"two", None)
+        second = EntryWrite(os.fspath(tmp_path / "second"), b"two")
         writer.defer(second)
         nursery.cancel_scope.cancel()  # unmount: what is deferred is still written
     assert second.outcome == "written"

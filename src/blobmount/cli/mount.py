@@ -17,20 +17,17 @@ from typing import Any
 
 from blobmount.cli.verbosity import add_flags as add_verbosity_flags
 from blobmount.cli.verbosity import log_level
-from blobmount.datastores import resolve_source
 from blobmount.errors import BlobmountError, MountPointError, SourceError
 from blobmount.launch import (
     SOURCE_ENV,
-    FuseUnavailable,
     check_log_file,
-    fuse_problem,
+    check_mount_request,
     log_file_origin,
     pyfuse3_import_problem,
     start_mount,
 )
 from blobmount.logs import setup_logging
 from blobmount.readiness import ReadyNotifier
-from blobmount.settings import load_settings
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +122,7 @@ def _run_foreground(uri: str, mountpoint: Path, args: argparse.Namespace) -> int
     notifier = ReadyNotifier()
     try:
         # Cheap checks first: bad settings or a malformed URI stop here.
-        settings = load_settings(**overrides(args))
-        spec = resolve_source(uri)
-        problem = fuse_problem()
-        if problem is not None:
-            raise FuseUnavailable(problem)
+        settings, spec = check_mount_request(uri, overrides(args))
         log_file = args.log_file or settings.log_file
         if log_file is not None:
             check_log_file(log_file.absolute(), log_file_origin(args.log_file is not None))

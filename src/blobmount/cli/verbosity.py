@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any
-
-from blobmount.settings import ENV_VARS
 
 DEBUG = "DEBUG"
 INFO = "INFO"
@@ -54,11 +51,3 @@ def log_level(args: argparse.Namespace) -> str | None:
 def early_level(args: argparse.Namespace) -> int:
     """What the messages before a command's own logging show: warnings, or what was asked."""
     return {None: logging.WARNING, INFO: logging.INFO, DEBUG: logging.DEBUG}[log_level(args)]
-
-
-def pass_to_mounts(args: argparse.Namespace) -> None:
-    """Give a level asked for to the mounts this process starts itself (`warm URI` mounts with
-    the DATASET_MOUNT_* variables of this process): as DATASET_MOUNT_LOG_LEVEL."""
-    level = log_level(args)
-    if level is not None:
-        os.environ[ENV_VARS["log_level"]] = level

@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 from typing import Any
 
 from blobmount.cli.verbosity import add_flags as add_verbosity_flags
-from blobmount.cli.verbosity import log_level, pass_to_mounts
+from blobmount.cli.verbosity import log_level
 from blobmount.errors import ConfigError
 from blobmount.logs import setup_logging
-from blobmount.settings import ENV_VARS, load_settings
+from blobmount.settings import load_settings
 from blobmount.warm.report import summary_json, summary_lines
 from blobmount.warm.runner import Signals, is_uri, warm_mount, warm_uri
 from blobmount.warm.warmer import DEFAULT_JOBS, Interrupted, WarmResult
@@ -87,24 +86,17 @@ def exit_status(result: WarmResult) -> int:
     return 0 if result.ok else 1
 
 
-def _snapshot_for_the_mount(args: argparse.Namespace, snapshot: str | None) -> None:
-    """`warm_uri` mounts with this process's DATASET_MOUNT_* variables: --snapshot becomes one
-    (checked and made absolute by load_settings first)."""
-    if snapshot is None:
-        return
-    if not is_uri(args.target):
-        raise ConfigError("--snapshot goes with a URI: a live mount has its namespace already")
-    os.environ[ENV_VARS["snapshot"]] = snapshot
-
-
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings(
-        anonymous=args.anonymous, snapshot=args.snapshot, log_level=log_level(args)
-    )
-    _snapshot_for_the_mount(args, settings.snapshot if args.snapshot else None)
+    # the flags that are settings: checked here first, and given to a temporary mount's daemon
+    overrides = {
+        "anonymous": args.anonymous,
+        "snapshot": args.snapshot,
+        "log_level": log_level(args),
+    }
+    settings = load_settings(**overrides)
+    if args.snapshot is not None and not is_uri(args.target):
+        raise ConfigError("--snapshot goes with a URI: a live mount has its namespace already")
     setup_logging(settings.log_level, stderr=True)
-    if is_uri(args.target):
-        pass_to_mounts(args)  # the daemon of the temporary mount: its log, not ours
     signals = Signals()
     progress = not args.no_progress
     try:
@@ -116,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                     signals,
                     jobs=args.jobs,
                     progress=progress,
-                    anonymous=args.anonymous,
+                    overrides=overrides,
                 )
             else:
                 warmed = warm_mount(args.target, args.paths, jobs=args.jobs, progress=progress)

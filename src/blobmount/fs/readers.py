@@ -8,7 +8,6 @@ from typing import Protocol
 import trio
 
 from blobmount.blocks.manager import BlockHandle, BlockManager
-from blobmount.download_mode.transfer import TransferError
 from blobmount.wholefile.cache import LocalCopy, WholeFileCache
 
 
@@ -34,8 +33,7 @@ class BlockReader:
 
 class WholeFileReader:
     """Whole-file mode: reads are served from the local copy of the blob version (a small
-    one's bytes in memory, else its cache entry). A copy whose bytes failed their Content-MD5
-    check after the open fails its reads (EIO)."""
+    one's bytes in memory, else its cache entry)."""
 
     def __init__(self, cache: WholeFileCache, copy: LocalCopy) -> None:
         self._cache = cache
@@ -47,8 +45,6 @@ class WholeFileReader:
             raise ValueError("read after close")
         if offset >= copy.size or size <= 0:
             return b""
-        if copy.bad is not None:
-            raise TransferError(copy.bad)
         want = min(size, copy.size - offset)
         data = copy.data
         if data is not None:

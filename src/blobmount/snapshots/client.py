@@ -22,7 +22,7 @@ from blobmount.errors import BlobChanged, BlobNotFound
 from blobmount.snapshots.format import SnapshotHeader
 from blobmount.snapshots.table import SnapshotTable
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
-from blobmount.storage.wrapper import WrappingStorageClient
+from blobmount.storage.wrapper import Describe, WrappingStorageClient
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class SnapshotStorageClient(WrappingStorageClient):
 
     # -- reads, from storage, pinned to the recorded version -----------------------------------
 
-    async def _call(self, what: str, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: Describe, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         # the base sends each read here (listings and properties never reach it, see above):
         # `fn` asks `inner` with the ETag the caller pinned, and `key` is the blob's name
         name = key

@@ -269,6 +269,11 @@ def translate_error(exc: BaseException, op: str, what: str) -> StorageError:
     return StorageError(f"{where} failed ({type(exc).__name__})")
 
 
+def _get_op(start: int, length: int) -> str:
+    """What a ranged GET of `length` bytes at `start` does, as its error messages say it."""
+    return f"GET bytes {start}-{start + length - 1} of" if length > 0 else "get properties of"
+
+
 # -- the client ----------------------------------------------------------------------------
 
 
@@ -567,10 +572,17 @@ class AzureStorageClient(StorageClient):
         )
 
     async def _call(
-        self, op: str, name: str, fn: Callable[[], Awaitable[T]], *, body_bytes: int = 0
+        self,
+        op: Callable[[], str],
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        body_bytes: int = 0,
     ) -> T:
+        # `op()` says what the call does ("get properties of"), for an error's message only:
+        # most calls never build it
         if self._closed:
-            raise StorageError(f"{op} {self._where(name)} failed: the storage client is closed")
+            raise StorageError(f"{op()} {self._where(name)} failed: the storage client is closed")
         deadline_s = self.call_deadline_s(body_bytes)
         request_id = str(uuid.uuid4())
         try:
@@ -578,7 +590,7 @@ class AzureStorageClient(StorageClient):
             with trio.move_on_after(deadline_s):
                 return await self._bridge.run(lambda: self._tagged(request_id, fn))
         except Exception as exc:
-            err = translate_error(exc, op, self._where(name))
+            err = translate_error(exc, op(), self._where(name))
             add_request_id(err, request_id)
             if err is exc:
                 raise
@@ -586,7 +598,7 @@ class AzureStorageClient(StorageClient):
             log.debug("%s (%s)", err, type(exc).__name__)
             raise err from None
         timed_out = TimedOut(
-            f"{op} {self._where(name)}: timed out (no complete answer in {deadline_s:.1f}s)"
+            f"{op()} {self._where(name)}: timed out (no complete answer in {deadline_s:.1f}s)"
         )
         add_request_id(timed_out, request_id)
         raise timed_out
@@ -600,20 +612,22 @@ class AzureStorageClient(StorageClient):
         max_results: int = MAX_LIST_PAGE,
     ) -> ListPage:
         return await self._call(
-            "list",
+            lambda: "list",
             prefix,
             lambda: self._list(prefix, delimiter, continuation, max_results),
             body_bytes=_LIST_PAGE_BYTES,
         )
 
     async def get_properties(self, name: str) -> BlobProps:
-        return await self._call("get properties of", name, lambda: self._get_properties(name))
+        return await self._call(
+            lambda: "get properties of", name, lambda: self._get_properties(name)
+        )
 
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
         if length <= 0:
             # nothing to fetch, but keep the contract: a gone or changed blob still fails (in
             # one call, so that its failure names the request id like every other)
-            await self._call("get properties of", name, lambda: self._unchanged(name, etag))
+            await self._call(lambda: "get properties of", name, lambda: self._unchanged(name, etag))
             return b""
         parts = await self.get_range_parts(name, etag, start, (length,))
         return parts[0] if parts else b""
@@ -625,7 +639,7 @@ class AzureStorageClient(StorageClient):
             raise ValueError(f"parts must have lengths: {lengths!r}")
         length = sum(lengths)
         return await self._call(
-            f"GET bytes {start}-{start + length - 1} of",
+            lambda: _get_op(start, length),
             name,
             lambda: self._get_range(name, etag, start, lengths),
             body_bytes=length,
@@ -634,9 +648,8 @@ class AzureStorageClient(StorageClient):
     async def get_range_with_props(
         self, name: str, etag: str, start: int, length: int
     ) -> RangeWithProps:
-        op = f"GET bytes {start}-{start + length - 1} of" if length > 0 else "get properties of"
         return await self._call(
-            op,
+            lambda: _get_op(start, length),
             name,
             lambda: self._get_range_with_props(name, etag, start, length),
             body_bytes=max(0, length),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -144,16 +145,17 @@ class FlowController:
         """Seconds until the account's Retry-After pause ends (0 when none)."""
         return max(0.0, self._paused_until - trio.current_time())
 
-    def _reject(self, what: str) -> CircuitOpen:
+    def _reject(self, what: Callable[[], str]) -> CircuitOpen:
         self._fast_failures += 1
         return CircuitOpen(
-            f"{what}: not sent, storage of {self.account} has failed every request for "
+            f"{what()}: not sent, storage of {self.account} has failed every request for "
             f"{self._breaker.open_s(trio.current_time()):.0f}s (circuit open)"
         )
 
-    async def acquire(self, what: str) -> Sent:
+    async def acquire(self, what: Callable[[], str]) -> Sent:
         """Wait until a request may be sent; raises CircuitOpen at once while the breaker is
-        open. The caller must end the returned `Sent` (answered, failed or abandoned)."""
+        open. The caller must end the returned `Sent` (answered, failed or abandoned). `what()`
+        describes the request, for the rare message about it."""
         if not self.config.enabled:
             return self._hold(object(), probe=False)
         now = trio.current_time()
@@ -181,7 +183,7 @@ class FlowController:
                 await self._slots.acquire_on_behalf_of(token)
             if waited.cancelled_caught:
                 token = None  # goes without a slot: storage stalls, a read must not wait more
-                log.debug("%s: not sent after %.1fs; sending anyway", what, self._waited(started))
+                log.debug("%s: not sent after %.1fs; sending anyway", what(), self._waited(started))
         finally:
             self._queued_s += trio.current_time() - started
         admission = self._breaker.admit(trio.current_time())

@@ -24,7 +24,7 @@ import trio
 from blobmount.errors import StorageUnavailable
 from blobmount.storage.base import StorageClient
 from blobmount.storage.overload import CircuitOpen
-from blobmount.storage.wrapper import WrappingStorageClient
+from blobmount.storage.wrapper import Describe, WrappingStorageClient
 
 log = logging.getLogger(__name__)
 
@@ -92,23 +92,23 @@ class RetryingStorageClient(WrappingStorageClient):
             delay = max(delay, self._pacer.pause_remaining())
         return delay
 
-    async def _call(self, what: str, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: Describe, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         attempt = 0
         while True:
             try:
                 return await fn()
             except CircuitOpen as exc:
-                log.debug("%s: %s", what, exc)
+                log.debug("%s: %s", what(), exc)
                 raise
             except StorageUnavailable as exc:
                 if attempt >= self._retries:
                     self._gave_up += 1
-                    log.warning("%s: giving up after %d attempt(s): %s", what, attempt + 1, exc)
+                    log.warning("%s: giving up after %d attempt(s): %s", what(), attempt + 1, exc)
                     raise
                 delay = self._delay(attempt, exc)
                 attempt += 1
                 self._retry_count += 1
                 log.debug(
-                    "%s: retry %d/%d in %.2fs after: %s", what, attempt, self._retries, delay, exc
+                    "%s: retry %d/%d in %.2fs after: %s", what(), attempt, self._retries, delay, exc
                 )
                 await trio.sleep(delay)

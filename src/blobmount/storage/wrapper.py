@@ -22,6 +22,9 @@ from blobmount.storage.base import (
 
 T = TypeVar("T")
 
+#: describes one operation for a log line or an error, when one is written
+Describe = Callable[[], str]
+
 
 class WrappingStorageClient(StorageClient):
     """Forwards every operation to `inner` through `_call`."""
@@ -30,9 +33,10 @@ class WrappingStorageClient(StorageClient):
         self.inner = inner
         self.location = inner.location
 
-    async def _call(self, what: str, key: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run one operation on `inner` (`fn`). `what` describes it for the log; `key` is the
-        blob it is about, or `list:<prefix>` for a listing."""
+    async def _call(self, what: Describe, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run one operation on `inner` (`fn`). `what()` describes it for the log and errors
+        (called only when one is written: most calls never format it); `key` is the blob it is
+        about, or `list:<prefix>` for a listing."""
         return await fn()
 
     async def list_page(
@@ -44,7 +48,7 @@ class WrappingStorageClient(StorageClient):
         max_results: int = MAX_LIST_PAGE,
     ) -> ListPage:
         return await self._call(
-            f"list {prefix!r}",
+            lambda: f"list {prefix!r}",
             f"list:{prefix}",
             lambda: self.inner.list_page(
                 prefix, delimiter=delimiter, continuation=continuation, max_results=max_results
@@ -53,12 +57,12 @@ class WrappingStorageClient(StorageClient):
 
     async def get_properties(self, name: str) -> BlobProps:
         return await self._call(
-            f"get properties of {name!r}", name, lambda: self.inner.get_properties(name)
+            lambda: f"get properties of {name!r}", name, lambda: self.inner.get_properties(name)
         )
 
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
         return await self._call(
-            f"GET {name!r} bytes {start}+{length}",
+            lambda: f"GET {name!r} bytes {start}+{length}",
             name,
             lambda: self.inner.get_range(name, etag, start, length),
         )
@@ -67,7 +71,7 @@ class WrappingStorageClient(StorageClient):
         self, name: str, etag: str, start: int, lengths: Sequence[int]
     ) -> list[bytes]:
         return await self._call(
-            f"GET {name!r} bytes {start}+{sum(lengths)}",
+            lambda: f"GET {name!r} bytes {start}+{sum(lengths)}",
             name,
             lambda: self.inner.get_range_parts(name, etag, start, lengths),
         )
@@ -76,7 +80,7 @@ class WrappingStorageClient(StorageClient):
         self, name: str, etag: str, start: int, length: int
     ) -> RangeWithProps:
         return await self._call(
-            f"GET {name!r} bytes {start}+{length}",
+            lambda: f"GET {name!r} bytes {start}+{length}",
             name,
             lambda: self.inner.get_range_with_props(name, etag, start, length),
         )

@@ -13,10 +13,11 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from blobmount.datastores import resolve_source
 from blobmount.errors import BlobmountError
@@ -148,15 +149,19 @@ def warm_uri(
     *,
     jobs: int,
     progress: bool,
-    anonymous: bool | None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Warmed:
-    """Mount `uri` on a temporary folder, warm PATHs (relative to its root), unmount."""
+    """Mount `uri` on a temporary folder, warm PATHs (relative to its root), unmount.
+
+    `overrides` are settings by field name for that mount (as `blobmount.launch.mount` takes
+    them), winning over the DATASET_MOUNT_* variables.
+    """
     absolute = [p for p in paths if os.path.isabs(p)]
     if absolute:
         raise WarmPathError(f"with a URI, PATHs are relative to its root, not {absolute[0]}")
     with contextlib.ExitStack() as stack:
         with signals.holding_back():
-            root = stack.enter_context(mount(uri, anonymous=anonymous))
+            root = stack.enter_context(mount(uri, **(overrides or {})))
         stack.callback(signals.hold)  # runs first on the way out: unmounting is not cut short
         signals.raise_held()
         log.info("mounted %s at %s for warming", resolve_source(uri).display, root)

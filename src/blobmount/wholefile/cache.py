@@ -127,7 +127,7 @@ class LocalCopy:
     on disk or downloaded in parts is read through `fd`.
     """
 
-    __slots__ = ("bad", "data", "fd", "path", "size", "users", "writing")
+    __slots__ = ("data", "fd", "path", "size", "users", "writing")
 
     def __init__(self, path: Path, fd: int, size: int, data: bytes | None = None) -> None:
         self.path = path
@@ -137,9 +137,6 @@ class LocalCopy:
         self.users = 0
         #: its entry is being written in the background
         self.writing = False
-        #: why its bytes turned out wrong (Content-MD5 mismatch) after it was opened: its
-        #: reads fail from then on
-        self.bad: str | None = None
 
 
 class _Download:
@@ -502,7 +499,7 @@ class WholeFileCache:
         copy.users = download.waiters
         copy.writing = True
         self._note_latest(version)
-        write = EntryWrite(os.fspath(path), data, None)  # checked above
+        write = EntryWrite(os.fspath(path), data)  # checked above
         write.owner = _PendingWrite(copy, version, estimate, slot)
         self._writes[path] = write
         if self.writer.busy or len(self._downloads) > 1:
@@ -527,14 +524,6 @@ class WholeFileCache:
             self._present.add(copy.path.name)
             if self._latest_etag.get(version.name) != version.etag and copy.users <= 0:
                 self._nursery.start_soon(self._remove, copy.path)  # replaced meanwhile
-        elif write.outcome == "corrupt":
-            self._failed += 1
-            self._corrupt += 1
-            copy.bad = f"{version.name}: the bytes received do not match its Content-MD5"
-            log.warning("whole-file cache: %s; not cached, its open handles fail", copy.bad)
-            if self._open.get(copy.path) is copy:  # later opens download it again
-                del self._open[copy.path]
-                self._unpin_if_idle(copy.path)
         elif write.outcome == "failed":
             exc = write.error
             if exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -44,17 +44,9 @@ def write_entry(path: str, data: bytes) -> tuple[int, int, int | None]:
     Returns (an fd reading the new entry, the bytes it occupies, free bytes left on the disk or
     None if unknown). Raises OSError with nothing left behind: no temporary, no entry.
     """
-    tmp = temporary_name(path)
+    tmp, fd = _new_temporary(path)
     try:
-        fd = os.open(tmp, _NEW_FILE, 0o600)
-    except FileNotFoundError:  # the entry's fan-out folder is made on first use
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
-        fd = os.open(tmp, _NEW_FILE, 0o600)
-    try:
-        view = memoryview(data)
-        offset = 0
-        while offset < len(view):
-            offset += os.pwrite(fd, view[offset:], offset)
+        _write_all(fd, data)
         occupied = allocated_bytes(os.fstat(fd))
         # the fd stays valid across the rename: it reads the entry without another open
         os.rename(tmp, path)
@@ -71,19 +63,12 @@ def write_entry(path: str, data: bytes) -> tuple[int, int, int | None]:
 
 def put_entry(path: str, data: bytes) -> None:
     """`write_entry` for a caller that needs nothing back: four system calls (create, write,
-    close, rename), the fewest an entry can be published with."""
-    tmp = temporary_name(path)
-    try:
-        fd = os.open(tmp, _NEW_FILE, 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
-        fd = os.open(tmp, _NEW_FILE, 0o600)
+    close, rename), the fewest an entry can be published with (`cachedir.layout.atomic_write`
+    adds an fstat for the size, one call more on the trio thread, where deferred writes run)."""
+    tmp, fd = _new_temporary(path)
     try:
         try:
-            view = memoryview(data)
-            offset = 0
-            while offset < len(view):
-                offset += os.pwrite(fd, view[offset:], offset)
+            _write_all(fd, data)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -91,6 +76,23 @@ def put_entry(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _new_temporary(path: str) -> tuple[str, int]:
+    """A new temporary for the entry `path` in its folder: (its name, an fd writing it)."""
+    tmp = temporary_name(path)
+    try:
+        return tmp, os.open(tmp, _NEW_FILE, 0o600)
+    except FileNotFoundError:  # the entry's fan-out folder is made on first use
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        return tmp, os.open(tmp, _NEW_FILE, 0o600)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
 
 
 def open_after_download(path: Path) -> tuple[int, int, int]:

@@ -57,11 +57,10 @@ def _check_md5(name: str, expected: bytes, digest: bytes) -> None:
 
 
 async def fetch_whole(
-    storage: StorageClient, version: BlobVersion, run: RunInThread, *, check_md5: bool = True
+    storage: StorageClient, version: BlobVersion, run: RunInThread
 ) -> tuple[bytes, BlobProps]:
     """The bytes of `version` (one GET) and its properties, checked: the whole blob, of the
-    size and (when it has one, and `check_md5`) the Content-MD5 the answer gives. Without
-    `check_md5` the caller checks it (`props.content_md5`) before the bytes reach a file.
+    size and (when it has one) the Content-MD5 the answer gives.
 
     Raises StorageError (BlobChanged if the ETag moved on) or TransferError (wrong bytes).
     """
@@ -70,7 +69,7 @@ async def fetch_whole(
     _check_props(version, props)
     if len(data) != props.size:
         raise TransferError(f"{version.name}: short read: {len(data)} of {props.size} bytes")
-    if check_md5 and props.content_md5 is not None:
+    if props.content_md5 is not None:
         if len(data) <= INLINE_HASH_BYTES:
             digest = hashlib.md5(data).digest()
         else:

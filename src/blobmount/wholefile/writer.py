@@ -17,16 +17,14 @@ for it. A deferred write is done once the next download has handed its GET to th
 (`kick`) and the trio thread has nothing else to run: it then overlaps that GET's round trip. If
 no GET comes, it is done after `DEFER_MAX_S`, or at once when someone waits for `settled()`.
 
-Each write checks the bytes against the blob's Content-MD5 (when given one) first, so an entry is
-only ever written from checked bytes, through a temporary renamed into place
+The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
+so an entry is only ever written from checked bytes, through a temporary renamed into place
 (`entries.put_entry`). `settled()` waits until every write submitted or deferred so far has
 landed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,14 +45,13 @@ DEFER_MAX_S = 0.005
 
 @dataclass(slots=True)
 class EntryWrite:
-    """One entry to write: where, the bytes, and the MD5 they must have (None: no check)."""
+    """One entry to write: where, and the (checked) bytes."""
 
     path: str
     data: bytes
-    md5: bytes | None
     #: set (on the trio thread) when the entry is no longer wanted before its write starts
     cancelled: bool = False
-    #: the outcome, set when it has landed: "written", "corrupt", "failed" or "skipped"
+    #: the outcome, set when it has landed: "written", "failed" or "skipped"
     outcome: str = ""
     error: OSError | None = None
     #: what it is written for (the cache's own record)
@@ -62,15 +59,10 @@ class EntryWrite:
 
 
 def write_batch(batch: list[EntryWrite]) -> None:
-    """(worker thread) Check and write each entry of `batch`, setting its outcome."""
+    """(worker thread) Write each entry of `batch`, setting its outcome."""
     for item in batch:
         if item.cancelled:
             item.outcome = "skipped"
-            continue
-        if item.md5 is not None and not hmac.compare_digest(
-            hashlib.md5(item.data).digest(), item.md5
-        ):
-            item.outcome = "corrupt"
             continue
         try:
             entries.put_entry(item.path, item.data)
