@@ -11,7 +11,7 @@ BENCH_DEBIAN_PACKAGES := rclone
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system-deps venv azurite demo test test-unit test-integration test-e2e \
-        lint fmt typecheck bench-deps bench bench-quick pre-pr clean
+        test-processes lint fmt typecheck bench-deps bench bench-quick pre-pr clean
 
 setup: system-deps venv azurite
 
@@ -73,6 +73,10 @@ test-integration: setup
 
 test-e2e: setup
 	$(PY) -m pytest tests/e2e
+
+# the tests that mount, again with every mount served by 2 processes (DATASET_MOUNT_WORKER_PROCESSES)
+test-processes: setup
+	BLOBMOUNT_TEST_WORKER_PROCESSES=2 $(PY) -m pytest -m "fuse and not single_process"
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

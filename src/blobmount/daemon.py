@@ -3,16 +3,16 @@
 The parts it serves come from `blobmount.compose` (the storage stack, then the caches, blocks,
 filesystem and hints); this module adds the FUSE adapter, the stats and hints sockets, the
 metrics endpoint, and the graceful unmount timeout. Everything that can be checked is checked
-before anything is mounted. With `fs/fuse_ops.py`, the only module that imports pyfuse3.
+before anything is mounted. `daemon_processes.run` runs it, in one process or several.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,18 +21,16 @@ import trio
 
 from blobmount import fusectl
 from blobmount.compose.configs import fuse_options
-from blobmount.compose.mount import open_mount
+from blobmount.compose.mount import MountParts, open_mount
 from blobmount.compose.storage import StorageFactory, check_source, open_storage
-from blobmount.errors import BlobmountError, exit_status
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.hints.server import serve_hints
-from blobmount.metrics import open_metrics
-from blobmount.mountpoint import prepare_mountpoint
+from blobmount.metrics import Metrics, open_metrics
 from blobmount.mounttable import set_read_ahead
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, hints_socket, stats_socket
 from blobmount.settings import Settings
-from blobmount.snapshot import LiveMount
+from blobmount.snapshot import LiveMount, MountSnapshot
 from blobmount.source import SourceSpec
 from blobmount.stats import ThroughputMeter, serve_stats
 from blobmount.units import format_size
@@ -110,81 +108,123 @@ async def serve(
     anything that stops the mount before it is ready."""
     settings, spec = request.settings, request.spec
     async with open_storage(settings, spec, storage_factory) as stack:
-        storage, retrying = stack.counting, stack.retrying
         await check_source(stack.client, spec)
         async with (
             # first: a metrics port in use stops the mount before anything is mounted
             open_metrics(settings.metrics_addr) as metrics,
             open_mount(settings, spec, stack) as parts,
         ):
-            blocks, fs, hints, work = parts.blocks, parts.fs, parts.hints, parts.work
-            disk, whole_files = parts.disk, parts.whole_files
-            ops = FuseOperations(fs)
-
+            ops = FuseOperations(parts.fs)
             tuned = trio.Event()  # the mount is reported ready only once it is tuned
 
             async def tune() -> None:
-                point = str(request.mountpoint)
                 try:
-                    tune_kernel_read_ahead(point, settings.kernel_read_ahead)
-                    await trio.to_thread.run_sync(  # may run `mount`
-                        tune_kernel_background_requests, point, settings.kernel_max_background
-                    )
+                    await trio.to_thread.run_sync(tune_kernel, request)  # may run `mount`
                 finally:
                     tuned.set()
 
             # the kernel resets both when it gets the INIT answer: tune just after it
-            ops.on_init = lambda: work.start_soon(tune)
+            ops.on_init = lambda: parts.work.start_soon(tune)
             pyfuse3.init(ops, str(request.mountpoint), fuse_options(settings, spec))
-            record = MountRecord(
-                os.getpid(),
-                str(request.mountpoint),
-                spec.display,
-                str(request.log_file) if request.log_file else None,
-            )
-            meter = ThroughputMeter(
-                lambda: (
-                    blocks.statistics().bytes_served
-                    + (whole_files.served_bytes if whole_files is not None else 0)
-                )
-            )
-            snapshot = LiveMount(
-                source=spec.display,
-                mountpoint=str(request.mountpoint),
-                pid=os.getpid(),
-                started=time.monotonic(),
-                throughput=meter.bytes_per_s,
-                fs=fs,
-                storage=storage,
-                retry=retrying,
-                blocks=blocks,
-                disk=disk,
-                hints=hints,
-                whole_file=whole_files,
-                flow=stack.flow,
-            ).snapshot
-
-            metrics.publish(snapshot)
-            try:
-                async with trio.open_nursery() as control:
-                    fuse_scope = trio.CancelScope()
-                    await control.start(serve_stats, stats_socket(request.mountpoint), snapshot)
-                    await control.start(
-                        serve_hints, hints_socket(request.mountpoint), hints, request.mountpoint
-                    )
-                    control.start_soon(_sample_every_second, meter)
-                    control.start_soon(_on_signals, ops, settings.unmount_timeout_s, fuse_scope)
-                    control.start_soon(_report_ready, request, notifier, record, tuned)
-                    with fuse_scope:
-                        await pyfuse3.main(min_tasks=FUSE_IDLE_WORKERS)
-                    control.cancel_scope.cancel()
-            finally:
-                log.info("unmounting %s", request.mountpoint)
-                notifier.stopping()
-                # harmless when the kernel side is already gone (fusermount3 -u)
-                pyfuse3.close(unmount=True)
-                record.remove()
+            await serve_mounted(request, notifier, Served(parts, ops, metrics, tuned))
     log.info("unmounted %s", request.mountpoint)
+
+
+def tune_kernel(request: MountRequest) -> None:
+    """The kernel settings of the connection that only take effect after INIT."""
+    point, settings = str(request.mountpoint), request.settings
+    tune_kernel_read_ahead(point, settings.kernel_read_ahead)
+    tune_kernel_background_requests(point, settings.kernel_max_background)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What `serve_mounted` serves: the parts of this process, mounted through `ops`."""
+
+    parts: MountParts
+    ops: FuseOperations
+    metrics: Metrics
+    #: set once the kernel settings are tuned (the mount is reported ready only then)
+    tuned: trio.Event
+    #: the figures reported for the mount, from this process's own (several processes: summed)
+    report: Callable[[MountSnapshot], MountSnapshot] = lambda own: own
+    #: more tasks of the mount's life, started with the control tasks
+    also: Callable[[trio.Nursery], None] = lambda nursery: None
+    #: on SIGTERM/SIGINT, the other processes of the mount finishing their requests
+    others: Callable[[int], Awaitable[None]] | None = None
+
+
+def live_snapshot(request: MountRequest, parts: MountParts) -> tuple[ThroughputMeter, LiveMount]:
+    """This process's live figures (and the meter that samples its throughput)."""
+    blocks, whole_files, stack = parts.blocks, parts.whole_files, parts.storage
+    meter = ThroughputMeter(
+        lambda: (
+            blocks.statistics().bytes_served
+            + (whole_files.served_bytes if whole_files is not None else 0)
+        )
+    )
+    live = LiveMount(
+        source=request.spec.display,
+        mountpoint=str(request.mountpoint),
+        pid=os.getpid(),
+        started=time.monotonic(),
+        throughput=meter.bytes_per_s,
+        fs=parts.fs,
+        storage=stack.counting,
+        retry=stack.retrying,
+        blocks=blocks,
+        disk=parts.disk,
+        hints=parts.hints,
+        whole_file=whole_files,
+        flow=stack.flow,
+    )
+    return meter, live
+
+
+async def serve_mounted(request: MountRequest, notifier: ReadyNotifier, served: Served) -> None:
+    """Serve a mounted connection until it ends (unmounted, or a signal), then unmount."""
+    record = MountRecord(
+        os.getpid(),
+        str(request.mountpoint),
+        request.spec.display,
+        str(request.log_file) if request.log_file else None,
+    )
+    meter, live = live_snapshot(request, served.parts)
+    own, report = live.snapshot, served.report
+
+    def snapshot() -> MountSnapshot:
+        return report(own())
+
+    served.metrics.publish(snapshot)
+    try:
+        async with trio.open_nursery() as control:
+            fuse_scope = trio.CancelScope()
+            await control.start(serve_stats, stats_socket(request.mountpoint), snapshot)
+            await control.start(
+                serve_hints,
+                hints_socket(request.mountpoint),
+                served.parts.hints,
+                request.mountpoint,
+            )
+            control.start_soon(_sample_every_second, meter)
+            control.start_soon(
+                on_signals,
+                served.ops,
+                request.settings.unmount_timeout_s,
+                fuse_scope,
+                served.others,
+            )
+            control.start_soon(_report_ready, request, notifier, record, served.tuned)
+            served.also(control)
+            with fuse_scope:
+                await pyfuse3.main(min_tasks=FUSE_IDLE_WORKERS)
+            control.cancel_scope.cancel()
+    finally:
+        log.info("unmounting %s", request.mountpoint)
+        notifier.stopping()
+        # harmless when the kernel side is already gone (fusermount3 -u)
+        pyfuse3.close(unmount=True)
+        record.remove()
 
 
 async def _sample_every_second(meter: ThroughputMeter) -> None:
@@ -212,10 +252,18 @@ async def _report_ready(
     notifier.ready(f"mounted {request.spec.display} at {request.mountpoint}")
 
 
-async def _on_signals(ops: FuseOperations, timeout_s: float, fuse_scope: trio.CancelScope) -> None:
+async def on_signals(
+    ops: FuseOperations,
+    timeout_s: float,
+    fuse_scope: trio.CancelScope,
+    others: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
     """On SIGTERM/SIGINT: let requests in flight finish for up to `timeout_s`, then end the FUSE
     loop; requests still running then are cancelled (their callers get ENOTCONN when the
-    connection closes), since pyfuse3.main() would otherwise wait for each of them."""
+    connection closes), since pyfuse3.main() would otherwise wait for each of them.
+
+    `others(signum)`: the other processes of the mount finishing theirs, awaited (within the
+    same `timeout_s`) alongside this process's own before its loop ends."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info(
@@ -225,7 +273,10 @@ async def _on_signals(ops: FuseOperations, timeout_s: float, fuse_scope: trio.Ca
                 timeout_s,
             )
             with trio.move_on_after(timeout_s) as waited:
-                await ops.wait_idle()
+                async with trio.open_nursery() as finishing:
+                    if others is not None:
+                        finishing.start_soon(others, signum)
+                    await ops.wait_idle()
             pyfuse3.terminate()
             if waited.cancelled_caught:
                 log.warning(
@@ -235,18 +286,3 @@ async def _on_signals(ops: FuseOperations, timeout_s: float, fuse_scope: trio.Ca
                 )
                 fuse_scope.cancel()
             return
-
-
-def run(request: MountRequest, notifier: ReadyNotifier) -> int:
-    """Run a mount in this process until it ends. Returns the process exit status."""
-    try:
-        prepare_mountpoint(request.mountpoint, allow_non_empty=request.allow_non_empty)
-        # Resolve symlinks now: once mounted, any stat of the mount point from this process
-        # would wait for this very process to answer it.
-        request = dataclasses.replace(request, mountpoint=request.mountpoint.resolve())
-        trio.run(serve, request, notifier)
-    except BlobmountError as exc:
-        log.error("%s", exc)
-        notifier.error(str(exc))
-        return exit_status(exc)  # the kind of failure, for `blobmount mount` and systemd
-    return 0

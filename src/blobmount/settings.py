@@ -555,6 +555,9 @@ class Settings(BaseSettings):
     snapshot: Annotated[str | None, _Optional(_SnapshotRef(), "none (list the source)")] = _env(
         "DATASET_MOUNT_SNAPSHOT"
     )
+    worker_processes: Annotated[int, _Int(1, 16, what="a number of processes")] = _env(
+        "DATASET_MOUNT_WORKER_PROCESSES", 1
+    )
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

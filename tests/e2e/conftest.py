@@ -14,6 +14,13 @@ from tests.helpers.mount import MountedDaemon, fuse_unavailable_reason
 pytestmark = pytest.mark.fuse
 
 
+def worker_processes_env() -> dict[str, str]:
+    """BLOBMOUNT_TEST_WORKER_PROCESSES=N runs every mount of the tests with N processes (CI runs
+    the mount tests once with 1 and once with 2)."""
+    processes = os.environ.get("BLOBMOUNT_TEST_WORKER_PROCESSES")
+    return {"DATASET_MOUNT_WORKER_PROCESSES": processes} if processes else {}
+
+
 @pytest.fixture(scope="session")
 def fuse_ok() -> None:
     reason = fuse_unavailable_reason()
@@ -31,6 +38,7 @@ def mount_env(azurite, tmp_path) -> dict[str, str]:
         if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))
     }
     env["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+    env.update(worker_processes_env())
     # under the test's own tmp_path: the disk tier is on by default and would leave blocks
     env["DATASET_MOUNT_CACHE_DIR"] = str(tmp_path / "cache")
     return env

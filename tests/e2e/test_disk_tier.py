@@ -25,6 +25,7 @@ import pytest
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import daemon_stats as stats
+from tests.helpers.single_process import FETCHES_PER_PROCESS, PROCESSES
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -112,6 +113,7 @@ def mount_with_cache(mount_factory, container, cache_dir, name=None, **env):
 # -- reads from disk ----------------------------------------------------------------------------
 
 
+@FETCHES_PER_PROCESS
 def test_second_read_comes_from_disk(dataset, mount_factory, cache_dir):
     container, digests = dataset
     daemon = mount_with_cache(mount_factory, container, cache_dir)
@@ -139,6 +141,7 @@ def test_second_read_comes_from_disk(dataset, mount_factory, cache_dir):
     )
 
 
+@FETCHES_PER_PROCESS
 def test_remount_on_the_same_cache_reads_nothing_from_storage(dataset, mount_factory, cache_dir):
     container, digests = dataset
     first = mount_with_cache(mount_factory, container, cache_dir)
@@ -184,6 +187,7 @@ def test_cached_small_files_are_read_in_place_and_right(azurite, mount_factory, 
         azurite.delete_container(container)
 
 
+@FETCHES_PER_PROCESS
 def test_damaged_cache_files_are_detected_and_refetched(dataset, mount_factory, cache_dir):
     container, digests = dataset
     daemon = mount_with_cache(mount_factory, container, cache_dir)
@@ -311,7 +315,8 @@ def test_cache_on_a_small_tmpfs_stays_bounded(
     assert disk["space"]["pruned_entries"] > 0
     assert disk["writer"]["failed"] == 0
     assert disk["space"]["used_bytes"] <= limit
-    assert s["storage"]["range_bytes"] == 4 * QUARTER
+    # (each process of a multi-process mount fetches the blocks it serves: up to once each)
+    assert 4 * QUARTER <= s["storage"]["range_bytes"] <= PROCESSES * 4 * QUARTER
     assert "is full" not in daemon.log()  # pruning kept up; the disk never looked full
     print(
         f"\ntmpfs 64 MiB, limit {limit // MiB} MiB: peak du {sampler.max_du / MiB:.1f} MiB, "
@@ -348,6 +353,7 @@ def test_a_disk_filled_by_someone_else_does_not_fail_reads(dataset, small_disk, 
 # -- crashes ----------------------------------------------------------------------------------
 
 
+@FETCHES_PER_PROCESS
 def test_sigkill_mid_write_then_remount_reads_right(dataset, mount_factory, cache_dir):
     container, digests = dataset
     # one slow-ish writer so the kill lands while blocks are queued and being written

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -251,7 +252,13 @@ def test_signal_lets_reads_in_flight_finish_then_unmounts(proxied_mount, proxy, 
     try:
         os.kill(daemon.pid, signum)
         name = signal.Signals(signum).name
-        assert wait_for(lambda: f"{name}: finishing 4 requests in flight" in daemon.log(), 30)
+        # each process of the mount logs the requests it holds (one process: all four)
+        pattern = re.compile(rf"{name}: finishing (\d+) requests in flight")
+
+        def finishing() -> int:
+            return sum(int(count) for count in pattern.findall(daemon.log()))
+
+        assert wait_for(lambda: finishing() == 4, 30), daemon.log()
         # the reads are held, so a daemon that stopped now would have dropped them
         assert daemon.proc is not None
         assert daemon.proc.poll() is None

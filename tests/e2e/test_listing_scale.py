@@ -22,6 +22,7 @@ from blobmount.runstate import stats_socket
 from blobmount.stats import fetch_stats
 from blobmount.testing.azurite import AzuriteServer
 from tests.helpers.azurite_seed import SeededAzurite
+from tests.helpers.single_process import LISTS_PER_PROCESS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite, pytest.mark.timeout(900)]
 
@@ -83,6 +84,7 @@ def rss_kib(pid: int) -> int:
     return int(line.split()[1])
 
 
+@LISTS_PER_PROCESS
 def test_scandir_of_100000_blobs_yields_the_first_entry_after_one_page(mount_seeded):
     # The folder is the mount's root: Azurite answers a one-item delimiter listing of a folder
     # *above* thousands of blobs in O(n^2) (Azure does not), so the test never makes the mount
@@ -110,6 +112,7 @@ def test_scandir_of_100000_blobs_yields_the_first_entry_after_one_page(mount_see
         assert (mnt / f"img_{i:07d}.jpg").read_bytes() == f"flat {i}\n".encode()
 
 
+@LISTS_PER_PROCESS
 def test_a_reader_that_stops_early_stops_the_listing(mount_seeded):
     mnt = mount_seeded("flat", "flat").mountpoint
     with os.scandir(mnt) as entries:
@@ -119,6 +122,7 @@ def test_a_reader_that_stops_early_stops_the_listing(mount_seeded):
     assert (list_requests(mnt), listing_pages(mnt)) == (2, 1)
 
 
+@LISTS_PER_PROCESS
 def test_tree_walk_in_flat_mode_costs_a_page_per_5000_blobs(mount_seeded):
     mnt = mount_seeded("tree", "tree", env={"DATASET_MOUNT_LISTING_MODE": "flat"}).mountpoint
     walked = {
@@ -135,6 +139,7 @@ def test_tree_walk_in_flat_mode_costs_a_page_per_5000_blobs(mount_seeded):
     assert (mnt / "d04321/f07.jpg").read_bytes() == b"tree 4321 7\n"
 
 
+@LISTS_PER_PROCESS
 def test_tree_walk_in_auto_mode_switches_to_flat(mount_seeded):
     mnt = mount_seeded("tree", "tree").mountpoint
     files = sum(len(names) for _, _, names in os.walk(mnt))

@@ -35,6 +35,7 @@ from blobmount.settings import load_settings
 from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import is_mounted
+from tests.helpers.single_process import FETCHES_PER_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "packaging" / "systemd" / "blobmount@.service"
@@ -237,6 +238,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@FETCHES_PER_PROCESS
 @live
 def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_env):
     port = free_port()

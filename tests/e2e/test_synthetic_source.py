@@ -14,6 +14,7 @@ import pytest
 
 from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
+from tests.e2e.conftest import worker_processes_env
 from tests.helpers.mount import MountedDaemon
 
 pytestmark = pytest.mark.fuse
@@ -36,6 +37,7 @@ def synthetic_mount(fuse_ok, tmp_path, request) -> Iterator:
     }
     # no credentials of any kind: a synthetic source must not look for them
     env["DATASET_MOUNT_CACHE_DIR"] = str(tmp_path / "cache")
+    env.update(worker_processes_env())
     mounts: list[MountedDaemon] = []
 
     def mount(uri: str, name: str) -> MountedDaemon:

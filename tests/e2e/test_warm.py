@@ -25,6 +25,7 @@ from blobmount.testing.pattern import pattern_bytes
 from tests.e2e.test_disk_tier import METADATA_SLACK, drop_page_cache, du, read_file, stats
 from tests.helpers.fault_proxy import stall
 from tests.helpers.mount import is_mounted
+from tests.helpers.single_process import FETCHES_PER_PROCESS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -79,6 +80,7 @@ def read_all(mountpoint: Path, digests: dict[str, str], names) -> None:
 # -- block mode ---------------------------------------------------------------------------------
 
 
+@FETCHES_PER_PROCESS
 def test_warm_fills_the_disk_cache_and_reads_then_make_no_storage_requests(dataset, mount_factory):
     container, digests = dataset
     daemon = mount_factory(container, env=NO_RAM)
@@ -105,6 +107,7 @@ def test_warm_fills_the_disk_cache_and_reads_then_make_no_storage_requests(datas
     print(f"\nwarm of {len(TRAIN)} files: {doc['bytes_per_s'] / MiB:.0f} MiB/s")
 
 
+@FETCHES_PER_PROCESS
 def test_a_remount_after_warm_reads_nothing_from_storage(dataset, mount_factory):
     container, digests = dataset
     first = mount_factory(container, env=NO_RAM)
@@ -272,6 +275,7 @@ def test_whole_file_mode_warm_then_reads_and_a_remount_make_no_storage_requests(
     assert s["whole_file"]["downloads"] == 0
 
 
+@FETCHES_PER_PROCESS
 def test_whole_file_mode_warm_stops_before_pruning(dataset, mount_factory):
     container, _ = dataset
     daemon = mount_factory(container, env={**WHOLE, "DATASET_MOUNT_CACHE_SIZE": "14MB"})

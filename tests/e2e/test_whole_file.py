@@ -21,6 +21,7 @@ from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.fault_proxy import server_error
 from tests.helpers.mount import daemon_stats as stats
+from tests.helpers.single_process import FETCHES_PER_PROCESS
 from tests.helpers.sqlite_db import sqlite_bytes
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
@@ -61,6 +62,7 @@ def cache_files(cache_dir) -> tuple[list[str], list[str]]:
     return entries, temps
 
 
+@FETCHES_PER_PROCESS
 def test_random_reads_of_a_large_file_come_from_the_local_copy(dataset, mount_factory):
     daemon = mount_factory(dataset, env=WHOLE)
     path = daemon.mountpoint / "big.bin"
@@ -120,6 +122,7 @@ def test_two_processes_opening_one_file_share_one_download(dataset, mount_factor
     assert s["storage"]["range_requests"] == 40 * MiB // PART
 
 
+@FETCHES_PER_PROCESS
 def test_a_file_larger_than_the_cache_streams_in_block_mode(dataset, mount_factory):
     env = {**WHOLE, "DATASET_MOUNT_CACHE_SIZE": "64MB"}
     daemon = mount_factory(dataset, env=env)

@@ -26,15 +26,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("datastores",),  # the datastores file, read by storage/azure_auth, the CLI and the API
     ("storage",),  # the StorageClient interface, its implementations and wrappers
     ("cachedir", "namespace", "snapshots"),  # snapshots: a dataset recorded, and served
-    ("blocks", "download_mode"),
+    ("blocks", "download_mode", "multiproc"),  # multiproc: tables a mount's processes share
     ("wholefile",),
     ("fs", "hints"),
     ("snapshot",),  # the typed stats snapshot of a live mount
-    ("stats",),
+    ("stats", "process_stats"),  # process_stats: a multi-process mount's figures, summed
     # Settings: only the composition layer and what stands above it may see it
     ("settings",),
     ("compose", "metrics", "launch", "fuse_processes"),
     ("daemon", "warm", "api"),
+    ("daemon_processes",),  # a mount served by several processes, built on daemon's parts
     ("cli",),
     # entry points and what ships for trying blobmount: nothing imports them
     ("__main__", "__init__", "testing"),
@@ -43,7 +44,10 @@ LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 
 # third-party modules confined to the modules that adapt them
 CONFINED = {
-    "pyfuse3": {"fs/fuse_ops.py", "daemon.py", "fuse_processes.py"},
+    "pyfuse3": {
+        *("fs/fuse_ops.py", "daemon.py", "fuse_processes.py", "daemon_processes.py"),
+        "fs/wakeup.py",  # wakes a blocked read of the device: it hooks pyfuse3's wait
+    },
     "azure": {
         *("storage/azure.py", "storage/azure_auth.py", "storage/rest_auth.py"),
         "storage/azure_put.py",  # the one write: a snapshot, through the SDK's blob client

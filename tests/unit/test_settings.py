@@ -80,6 +80,7 @@ CASES: list[tuple[str, str, Any, str, Any, str]] = [
     ("flow_control", "DATASET_MOUNT_FLOW_CONTROL", True, "off", False, "later"),
     ("breaker_seconds", "DATASET_MOUNT_BREAKER_SECONDS", 5.0, "0", 0.0, "-1"),
     ("snapshot", "DATASET_MOUNT_SNAPSHOT", None, "/d/train.bmsnap", "/d/train.bmsnap", "a\0b"),
+    ("worker_processes", "DATASET_MOUNT_WORKER_PROCESSES", 1, "4", 4, "17"),
     ("connect_timeout_s", "DATASET_MOUNT_CONNECT_TIMEOUT_SECONDS", 10.0, "2.5", 2.5, "0"),
     ("read_timeout_s", "DATASET_MOUNT_READ_TIMEOUT_SECONDS", 30.0, "60", 60.0, "inf"),
     ("allow_other", "DATASET_MOUNT_ALLOW_OTHER", False, "yes", True, "sure"),

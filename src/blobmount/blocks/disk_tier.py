@@ -50,6 +50,7 @@ from blobmount.cachedir.layout import (
 )
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
+from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.cachedir.space import SpaceConfig, allocated_size
 
 log = logging.getLogger(__name__)
@@ -248,14 +249,22 @@ class BlockDiskTier:
     """
 
     def __init__(
-        self, config: DiskTierConfig, location: str, layout: CacheLayout, alloc_unit: int
+        self,
+        config: DiskTierConfig,
+        location: str,
+        layout: CacheLayout,
+        alloc_unit: int,
+        *,
+        shared_budget: SharedBudgetCounters | None = None,
     ) -> None:
         self.config = config
         self.location = location
         self.layout = layout
         self._alloc_unit = alloc_unit
         self.pruner = Pruner(
-            layout, PrunerConfig(config.space, rescan_interval_s=config.rescan_interval_s)
+            layout,
+            PrunerConfig(config.space, rescan_interval_s=config.rescan_interval_s),
+            shared_budget=shared_budget,
         )
         self.writer: DiskWriter[BlockKey] = DiskWriter(
             DiskWriterConfig(config.max_queue_bytes, config.write_threads), self._write
@@ -392,11 +401,12 @@ class BlockDiskTier:
 
 @asynccontextmanager
 async def open_block_disk_tier(
-    config: DiskTierConfig, location: str
+    config: DiskTierConfig, location: str, *, shared_budget: SharedBudgetCounters | None = None
 ) -> AsyncIterator[BlockDiskTier | None]:
     """The disk tier for `location` with its writer and pruner running, or None when it is
     turned off or its directory cannot be used (logged). On exit, blocks still queued are
-    written for up to `drain_timeout_s`, then the tasks are stopped."""
+    written for up to `drain_timeout_s`, then the tasks are stopped. `shared_budget`: the
+    space figures shared by the processes of a multi-process mount."""
     if not config.enabled:
         log.info("disk cache off (DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED=false)")
         yield None
@@ -410,7 +420,9 @@ async def open_block_disk_tier(
             log.warning("disk cache off: caching in RAM only")
             yield None
             return
-        tier = BlockDiskTier(config, location, cache_dir.layout, cache_dir.alloc_unit)
+        tier = BlockDiskTier(
+            config, location, cache_dir.layout, cache_dir.alloc_unit, shared_budget=shared_budget
+        )
         log.info("disk cache %s for %s", config.root, location)
         async with background_tasks() as nursery:
             nursery.start_soon(tier.pruner.run)

@@ -15,9 +15,12 @@ disk is full because something else filled it) the write is skipped; the cache l
 backs off for a few seconds, so a full disk costs a counter increment per block, not a pass per
 block.
 
-Several processes may share a directory: each has its own budget; one pass at a time prunes
-(an flock); each scan corrects a process's view of what the others wrote, and the free space
-read after each write tells it at once when something else takes space.
+Several processes may share a directory: one pass at a time prunes (an flock), and the free
+space read after each write tells a process at once when something else takes space. Separate
+mounts each have their own budget, and each scan corrects a mount's view of what the others
+wrote. The processes of one mount share their budget's figures (`shared_budget`, see
+`cachedir.shared_budget`): a reservation in any of them sees every one's writes at once, and a
+pass counts the others' writes in progress as room it must make.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 import trio
 
 from blobmount.cachedir.layout import CacheEntry, CacheLayout, DirLock, free_bytes
+from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.cachedir.space import (
     AgeHistogram,
     CacheBudget,
@@ -110,10 +114,11 @@ class Pruner:
         config: PrunerConfig,
         *,
         keep: Callable[[Path], bool] | None = None,
+        shared_budget: SharedBudgetCounters | None = None,
     ) -> None:
         self.layout = layout
         self.config = config
-        self.budget = CacheBudget(config.space)
+        self.budget = CacheBudget(config.space, shared_budget)
         self.ready = trio.Event()  # set after the first scan
         self._keep = keep
         self._wake = trio.Event()
@@ -232,8 +237,15 @@ class Pruner:
     async def _pass(self) -> None:
         self._wake = trio.Event()
         budget = self.budget
-        # Room asked for by a waiting writer; the thread adds what writes in progress hold.
-        want, self._room_wanted = self._room_wanted, 0
+        # Room asked for by a waiting writer, and (shared budget) what other processes' writes
+        # in progress hold; the thread adds what this process's writes in progress hold. The
+        # scan also counts the others' temporaries, which is counting them twice until the next
+        # scan after they land. That errs on the safe side, and it matches what the budget will
+        # count after the rebase: a pass that made room by its own count and left the budget
+        # still full would wake the next pass at once.
+        want = self._room_wanted + budget.others_reserved_bytes
+        self._room_wanted = 0
+        mark = budget.settled_mark()
         in_flight = dict(self._in_flight)
         during: list[tuple[str, int]] = []
         self._written_during_pass = during
@@ -254,6 +266,7 @@ class Pruner:
                 outcome.used_bytes + sum(missed),
                 outcome.entries + len(missed),
                 outcome.used_bytes + outcome.free_bytes,
+                since=mark,
             )
             self._last_pass_removable = outcome.removable_bytes > 0
             self._last_pass_pruned = outcome.pruned
@@ -361,7 +374,9 @@ class Pruner:
         return PrunerStats(
             capacity_bytes=capacity,
             used_bytes=budget.used_bytes,
-            reserved_bytes=budget.reserved_bytes,
+            # this process's own, also with a shared budget: the stats of a multi-process
+            # mount sum it over the processes
+            reserved_bytes=budget.own_reserved_bytes,
             entries=budget.entries,
             prune_start_bytes=prune_start_bytes(space, capacity),
             prune_goal_bytes=prune_goal_bytes(space, capacity),

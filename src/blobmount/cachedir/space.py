@@ -1,4 +1,6 @@
-"""Space rules of the cache directory: how many bytes the cache may hold, and when to prune. Pure.
+"""Space rules of the cache directory: how many bytes the cache may hold, and when to prune.
+
+Pure, but for the counters a `CacheBudget` may share with the other processes of a mount.
 
 Terms (all in bytes, as `du` counts them, i.e. allocated blocks, not apparent sizes):
 
@@ -27,6 +29,10 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blobmount.cachedir.shared_budget import SettledMark, SharedBudgetCounters
 
 log = logging.getLogger(__name__)
 
@@ -160,19 +166,54 @@ class LruCut:
 
 
 class CacheBudget:
-    """One process's running account of the cache: bytes in entries (the last scan, plus this
-    process's writes since, minus its removals), bytes reserved by writes in progress, and the
-    room on the disk as of the last free-space reading.
+    """A process's running account of the cache: bytes in entries (the last scan, plus the
+    writes since, minus removals), bytes reserved by writes in progress, and the room on the
+    disk as of the last free-space reading.
 
-    Synchronous and I/O-free: callers on the trio thread read and change it between checkpoints.
+    Alone, it counts this process's writes only. With `shared` (the processes of one mount),
+    the used bytes, entries and reservations are every process's, and a reservation is checked
+    and taken in one step against all of them, so the settings bound the whole folder. Room
+    stays this process's own reading: each process checks against its own capacity.
+
+    Synchronous and I/O-free apart from the shared counters' locks: callers on the trio thread
+    read and change it between checkpoints.
     """
 
-    def __init__(self, config: SpaceConfig) -> None:
+    def __init__(self, config: SpaceConfig, shared: SharedBudgetCounters | None = None) -> None:
         self.config = config
-        self.used_bytes = 0
-        self.entries = 0
-        self.reserved_bytes = 0
+        self.shared = shared
+        self._used = 0
+        self._entries = 0
+        self._reserved = 0
         self._room: int | None = None  # unknown until the first reading
+        if shared is not None:
+            shared.attach()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used if self.shared is None else self.shared.read().used_bytes
+
+    @property
+    def entries(self) -> int:
+        return self._entries if self.shared is None else self.shared.read().entries
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Writes in progress, every process's when shared."""
+        return self._reserved if self.shared is None else self.shared.read().reserved_bytes
+
+    @property
+    def own_reserved_bytes(self) -> int:
+        """This process's writes in progress (its share of `reserved_bytes`)."""
+        return self._reserved if self.shared is None else self.shared.read().own_reserved_bytes
+
+    @property
+    def others_reserved_bytes(self) -> int:
+        """Other processes' writes in progress (0 when not shared)."""
+        if self.shared is None:
+            return 0
+        figures = self.shared.read()
+        return figures.reserved_bytes - figures.own_reserved_bytes
 
     @property
     def known(self) -> bool:
@@ -189,11 +230,21 @@ class CacheBudget:
         reading = max(0, self.used_bytes) + max(0, free_bytes)
         self._room = reading if self._room is None else min(self._room, reading)
 
-    def rebase(self, used_bytes: int, entries: int, room_bytes: int) -> None:
+    def settled_mark(self) -> SettledMark | None:
+        """Taken as a scan starts, for `rebase` (None when not shared: nothing to correct)."""
+        return None if self.shared is None else self.shared.mark()
+
+    def rebase(
+        self, used_bytes: int, entries: int, room_bytes: int, since: SettledMark | None = None
+    ) -> None:
         """Adopt the numbers of a directory scan: usage, entries, and room as measured with
-        it (never more than the truth; see `Pruner`)."""
-        self.used_bytes = max(0, used_bytes)
-        self.entries = max(0, entries)
+        it (never more than the truth; see `Pruner`). Reservations stay. When shared, `since`
+        (the scan's `settled_mark`) adds what other processes wrote while it ran."""
+        if self.shared is None:
+            self._used = max(0, used_bytes)
+            self._entries = max(0, entries)
+        else:
+            self.shared.rebase(used_bytes, entries, since)
         self._room = max(0, room_bytes)
 
     def capacity(self) -> int:
@@ -201,21 +252,33 @@ class CacheBudget:
 
     def try_reserve(self, nbytes: int) -> bool:
         """Reserve room for a write of `nbytes` (allocated) if it fits under the capacity."""
-        if self.used_bytes + self.reserved_bytes + nbytes > self.capacity():
+        if self.shared is not None:
+            return self.shared.try_reserve(nbytes, self.capacity())
+        if self._used + self._reserved + nbytes > self.capacity():
             return False
-        self.reserved_bytes += nbytes
+        self._reserved += nbytes
         return True
 
     def settle(self, reserved: int, written: int) -> None:
         """A reserved write ended: `written` bytes (0 if nothing was written) are now in use."""
-        self.reserved_bytes = max(0, self.reserved_bytes - reserved)
+        if self.shared is not None:
+            self.shared.settle(reserved, written)
+            return
+        self._reserved = max(0, self._reserved - reserved)
         if written > 0:
-            self.used_bytes += written
-            self.entries += 1
+            self._used += written
+            self._entries += 1
 
     def removed(self, nbytes: int, entries: int = 1) -> None:
-        self.used_bytes = max(0, self.used_bytes - nbytes)
-        self.entries = max(0, self.entries - entries)
+        if self.shared is not None:
+            self.shared.removed(nbytes, entries)
+            return
+        self._used = max(0, self._used - nbytes)
+        self._entries = max(0, self._entries - entries)
 
     def should_prune(self) -> bool:
-        return needs_pruning(self.config, self.used_bytes + self.reserved_bytes, self.capacity())
+        if self.shared is None:
+            used, reserved = self._used, self._reserved
+        else:
+            used, _, reserved, _ = self.shared.read()
+        return needs_pruning(self.config, used + reserved, self.capacity())

@@ -12,7 +12,9 @@ the Azure SDK, so `--help` works on a machine without FUSE.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 from typing import Any, Protocol
 
@@ -85,8 +87,19 @@ def _warnings_to_stderr(level: int = logging.WARNING) -> None:
         root.setLevel(level)
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` writes every thread's Python stack to stderr (a background mount's log
+    file) and the process goes on: what a stuck process waits on, even when its main thread is
+    blocked in a system call (docs/OPERATIONS.md, "A stuck process")."""
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass  # no usable stderr (closed, or not a file): nothing to write the stacks to
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _stacks_on_sigusr1()
     _warnings_to_stderr(early_level(args))
     try:
         return COMMANDS[args.command].run(args)

@@ -139,7 +139,8 @@ def _run_foreground(uri: str, mountpoint: Path, args: argparse.Namespace) -> int
     )
     try:
         # lazy: the daemon imports pyfuse3 (and libfuse3 under it), needed by this path only
-        from blobmount.daemon import MountRequest, run
+        from blobmount.daemon import MountRequest
+        from blobmount.daemon_processes import run
     except ImportError as exc:
         if exc.name != "pyfuse3" and "fuse" not in str(exc):
             raise

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,6 +34,10 @@ from blobmount.storage.base import StorageClient
 from blobmount.units import format_size
 from blobmount.wholefile.cache import WholeFileCache, open_whole_file_cache
 from blobmount.wholefile.hints import WholeFileHints
+
+if TYPE_CHECKING:  # only multi-process mounts build these
+    from blobmount.cachedir.shared_budget import SharedBudgetCounters
+    from blobmount.multiproc.namespace import SharedNamespace
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +63,43 @@ class MountParts:
 
 
 @asynccontextmanager
-async def open_caches(settings: Settings, storage: StorageClient) -> AsyncIterator[Caches]:
+async def open_caches(
+    settings: Settings,
+    storage: StorageClient,
+    *,
+    shared_budget: SharedBudgetCounters | None = None,
+) -> AsyncIterator[Caches]:
     """The disk cache for the mode DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED picks, its background
-    tasks running; either may be None when turned off or unusable (logged)."""
+    tasks running; either may be None when turned off or unusable (logged). `shared_budget`:
+    the cache's space figures, shared by the processes of a multi-process mount."""
     location = storage.location
     if settings.block_based_cache_enabled:
-        async with open_block_disk_tier(disk_tier_config(settings), location) as disk:
+        disk_config = disk_tier_config(settings)
+        async with open_block_disk_tier(disk_config, location, shared_budget=shared_budget) as disk:
             yield Caches(disk, None)
         return
     log.info("whole-file mode: the block disk cache is off (files that do not fit stream)")
-    async with open_whole_file_cache(storage, whole_file_config(settings), location) as files:
+    async with open_whole_file_cache(
+        storage, whole_file_config(settings), location, shared_budget=shared_budget
+    ) as files:
         yield Caches(None, files)
 
 
 @asynccontextmanager
 async def open_mount(
-    settings: Settings, spec: SourceSpec, storage: StorageStack
+    settings: Settings,
+    spec: SourceSpec,
+    storage: StorageStack,
+    shared: SharedNamespace | None = None,
 ) -> AsyncIterator[MountParts]:
     """The parts of a mount of `spec` over `storage`, wired to each other; on exit the
-    background work is cancelled and the caches are closed."""
-    async with open_caches(settings, storage.client) as caches, trio.open_nursery() as work:
+    background work is cancelled and the caches are closed. `shared`: the state every process
+    of a multi-process mount resolves inodes and handles through (blobmount.multiproc)."""
+    budget = None if shared is None else shared.budget
+    async with (
+        open_caches(settings, storage.client, shared_budget=budget) as caches,
+        trio.open_nursery() as work,
+    ):
         config = block_manager_config(settings, usable_memory_bytes())
         if settings.read_ahead_memory_limit is None:
             log.info(
@@ -86,7 +108,11 @@ async def open_mount(
             )
         blocks = BlockManager(storage.client, config, work, caches.disk)
         fs = BlobFilesystem(
-            storage.client, blocks, fs_config(settings, spec, time.time()), caches.whole_files
+            storage.client,
+            blocks,
+            fs_config(settings, spec, time.time()),
+            caches.whole_files,
+            shared,
         )
         prefetcher = (
             blocks if caches.whole_files is None else WholeFileHints(caches.whole_files, work)

@@ -18,7 +18,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -41,10 +41,15 @@ from blobmount.namespace.names import (
 from blobmount.storage.base import StorageClient
 from blobmount.wholefile.cache import WholeFileCache
 
+if TYPE_CHECKING:  # only multi-process mounts build one
+    from blobmount.multiproc.namespace import SharedNamespace
+
 log = logging.getLogger(__name__)
 
 #: kernel cache timeout used when the attribute TTL is unset (the view never changes)
 FOREVER_S = 365 * 24 * 3600.0
+#: how often a multi-process mount looks for handles another process released
+SWEEP_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +109,16 @@ class _DirHandle:
 
 
 class _FileHandle:
-    __slots__ = ("node", "reader", "version")
+    __slots__ = ("node", "opened_here", "reader", "version")
 
-    def __init__(self, node: Node, version: BlobVersion, reader: OpenReader) -> None:
+    def __init__(
+        self, node: Node, version: BlobVersion, reader: OpenReader, opened_here: bool = True
+    ) -> None:
         self.node = node
         self.version = version
         self.reader = reader
+        #: False for a handle another process of the mount opened (its READs landed here)
+        self.opened_here = opened_here
 
 
 Replier = Callable[[str, Attr, int], bool]
@@ -142,8 +151,14 @@ class BlobFilesystem:
         blocks: BlockManager,
         config: FsConfig,
         whole_files: WholeFileCache | None = None,
+        shared: SharedNamespace | None = None,
     ) -> None:
         self._storage = storage
+        #: set when several processes serve the mount: any request may land in any of them
+        #: (docs/developer-notes/multicore.md), so inodes, handles and the page-cache rules of
+        #: open versions are resolved through this
+        self._shared = shared
+        self._last_sweep = 0.0
         self._blocks = blocks
         #: set in whole-file mode; files it cannot hold are read through `blocks`
         self._whole_files = whole_files
@@ -188,6 +203,24 @@ class BlobFilesystem:
             raise FsError(errno.ENOENT, f"unknown inode {inode}")
         return node
 
+    async def _adopt(self, inode: int) -> Node:
+        """The node of an inode number another process of the mount handed to the kernel: its
+        path from the shared names, then resolved here as a lookup would (listings cached)."""
+        path = None if self._shared is None else self._shared.names.path_of(inode)
+        if path is None:
+            raise FsError(errno.ENOENT, f"unknown inode {inode}")
+        node = self.inodes.root
+        for name in path.split("/"):
+            child = await self._resolve(node, name)
+            if child is None:
+                raise FsError(errno.ENOENT, f"{path} is gone")
+            node = child
+        if node.inode != inode:
+            # a hash collision probed to another number here than in the process that handed
+            # it out (about one path in two million per million paths): not resolvable
+            raise FsError(errno.ENOENT, f"{path} has inode {node.inode} here, not {inode}")
+        return node
+
     def attr(self, node: Node) -> Attr:
         cfg = self.config
         mtime = node.mtime or cfg.mount_time
@@ -202,7 +235,7 @@ class BlobFilesystem:
 
     async def lookup(self, parent_inode: int, name: str) -> Node | None:
         """The node for `name` in the folder, counted as one kernel lookup; None if absent."""
-        parent = self._node(parent_inode)
+        parent = self.inodes.get(parent_inode) or await self._adopt(parent_inode)
         if not parent.is_dir:
             raise FsError(errno.ENOTDIR)
         why = segment_problem(name)
@@ -215,6 +248,8 @@ class BlobFilesystem:
         node = await self._resolve(parent, name)
         if node is not None:
             node.lookups += 1
+            if self._shared is not None:
+                self._shared.names.publish(node.inode, node.path)
         return node
 
     async def _resolve(self, parent: Node, name: str) -> Node | None:
@@ -254,7 +289,7 @@ class BlobFilesystem:
         return DirEntry.of(name, props.is_dir_marker, props)
 
     async def getattr(self, inode: int) -> Attr:
-        node = self._node(inode)
+        node = self.inodes.get(inode) or await self._adopt(inode)
         if not node.is_dir and not self._fresh(node.fetched):
             await self._refresh(node)
         return self.attr(node)
@@ -273,23 +308,33 @@ class BlobFilesystem:
     # -- folders ---------------------------------------------------------------------------
 
     async def opendir(self, inode: int) -> int:
-        node = self._node(inode)
+        node = self.inodes.get(inode) or await self._adopt(inode)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
-        parent = None if node.folder is None else self._folder_prefix(node.folder)
-        listing = self.catalog.for_folder(self._dir_prefix(node), parent)
-        fh = next(self._fh)
-        self._dirs[fh] = _DirHandle(node, listing)
+        fh = next(self._fh) if self._shared is None else self._shared.handles.add(inode, None, 0)
+        self._dirs[fh] = self._dir_handle(node)
         return fh
+
+    def _dir_handle(self, node: Node) -> _DirHandle:
+        parent = None if node.folder is None else self._folder_prefix(node.folder)
+        return _DirHandle(node, self.catalog.for_folder(self._dir_prefix(node), parent))
+
+    async def _adopt_dir_handle(self, fh: int) -> _DirHandle:
+        """A folder handle another process opened: this process's own listing of the folder
+        (the same entries in the same order while the listing is fresh)."""
+        record = None if self._shared is None else self._shared.handles.get(fh)
+        if record is None:
+            raise FsError(errno.EBADF)
+        node = self.inodes.get(record.inode) or await self._adopt(record.inode)
+        handle = self._dirs[fh] = self._dir_handle(node)
+        return handle
 
     async def readdir(self, fh: int, start: int, reply: Replier) -> None:
         """Hand entries from index `start` to `reply(name, attr, next_index)` until it returns
         False, the folder ends, or the next entry needs another list page while this request
         already holds some: the kernel's buffer can take ~6,000 entries, and the reader should
         get the first page's entries without waiting for the second (the kernel asks again)."""
-        handle = self._dirs.get(fh)
-        if handle is None:
-            raise FsError(errno.EBADF)
+        handle = self._dirs.get(fh) or await self._adopt_dir_handle(fh)
         listing = handle.listing
         index = start
         while True:
@@ -305,15 +350,20 @@ class BlobFilesystem:
                 self.inodes.release_if_unused(node)
                 return
             node.lookups += 1  # readdirplus: an accepted entry counts as a lookup
+            if self._shared is not None:
+                self._shared.names.publish(node.inode, node.path)
             index += 1
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+        if self._shared is not None:
+            self._shared.handles.remove(fh)
 
     def statistics(self) -> NamespaceStats:
         return NamespaceStats(
             inodes=len(self.inodes),
-            open_files=len(self._files),
+            # a handle another process opened and this one read is that process's to count
+            open_files=sum(handle.opened_here for handle in self._files.values()),
             open_dirs=len(self._dirs),
             catalog=self.catalog.statistics(),
         )
@@ -323,13 +373,15 @@ class BlobFilesystem:
     async def open(self, inode: int, flags: int) -> OpenedFile:
         if flags & _WRITE_FLAGS:
             raise FsError(errno.EROFS)
-        node = self._node(inode)
+        node = self.inodes.get(inode) or await self._adopt(inode)
         if node.is_dir:
             raise FsError(errno.EISDIR)
         version = await self._current_version(node)
         etag = version.etag
         reader = await self._open_reader(version)
         # no await from here on: the bookkeeping below happens all or not at all
+        if self._shared is not None:
+            return self._open_shared(node, version, reader)
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
@@ -347,6 +399,54 @@ class BlobFilesystem:
         if self.open_listener is not None:
             self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
+
+    def _open_shared(self, node: Node, version: BlobVersion, reader: OpenReader) -> OpenedFile:
+        """The open of a mount several processes serve: the page-cache rules of `open` above
+        applied to every process's handles of the inode (the shared open versions), and a handle
+        number any process can resolve to the pinned version."""
+        assert self._shared is not None
+        keep_cache, direct_io = self._shared.versions.opened(node.inode, version.etag)
+        try:
+            fh = self._shared.handles.add(node.inode, version.etag, version.size, direct_io)
+        except BaseException:
+            self._shared.versions.released(node.inode, version.etag, direct_io)
+            reader.close()
+            raise
+        node.opens += 1
+        self._files[fh] = _FileHandle(node, version, reader)
+        if self.open_listener is not None:
+            self.open_listener.opened(version)
+        return OpenedFile(fh, keep_cache, direct_io)
+
+    async def _adopt_file_handle(self, fh: int) -> _FileHandle:
+        """A file handle another process opened (the kernel sends a handle's READs to any
+        process): a reader of the version that process pinned, never the current one."""
+        record = None if self._shared is None else self._shared.handles.get(fh)
+        if record is None or record.etag is None:
+            raise FsError(errno.EBADF)
+        node = self.inodes.get(record.inode) or await self._adopt(record.inode)
+        version = BlobVersion(self._blob_name(node.path), record.etag, record.size)
+        reader = await self._open_reader(version)
+        if fh in self._files:  # adopted by a concurrent read while this one awaited
+            reader.close()
+            return self._files[fh]
+        node.opens += 1
+        handle = self._files[fh] = _FileHandle(node, version, reader, opened_here=False)
+        self._sweep_handles()
+        return handle
+
+    def _sweep_handles(self) -> None:
+        """Close this process's copies of handles that were released in another process (the
+        kernel sends RELEASE to one process only); at most a few times a second."""
+        now = trio.current_time()
+        if self._shared is None or now - self._last_sweep < SWEEP_INTERVAL_S:
+            return
+        self._last_sweep = now
+        handles = self._shared.handles
+        for fh in [fh for fh in self._files if handles.get(fh) is None]:
+            self._close_file(fh)
+        for fh in [fh for fh in self._dirs if handles.get(fh) is None]:
+            del self._dirs[fh]
 
     async def version_of(self, path: str) -> BlobVersion | None:
         """The version an open of `path` (mount-relative, '/'-separated) would pin now, or None
@@ -390,10 +490,19 @@ class BlobFilesystem:
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._files.get(fh)
         if handle is None:
-            raise FsError(errno.EBADF)
+            if self._shared is None:
+                raise FsError(errno.EBADF)
+            handle = await self._adopt_file_handle(fh)
         return await handle.reader.read(offset, size)
 
     def release(self, fh: int) -> None:
+        if self._shared is not None:
+            record = self._shared.handles.remove(fh)
+            if record is not None and record.etag is not None:
+                self._shared.versions.released(record.inode, record.etag, record.direct_io)
+            self._close_file(fh)
+            self._sweep_handles()
+            return
         handle = self._files.pop(fh, None)
         if handle is not None:
             handle.reader.close()
@@ -408,9 +517,20 @@ class BlobFilesystem:
             handle.node.opens -= 1
             self.inodes.release_if_unused(handle.node)
 
+    def _close_file(self, fh: int) -> None:
+        """This process's part of a released handle of a multi-process mount."""
+        handle = self._files.pop(fh, None)
+        if handle is None:
+            return
+        handle.reader.close()
+        if handle.opened_here and self.open_listener is not None:
+            self.open_listener.closed(handle.version)
+        handle.node.opens -= 1
+        self.inodes.release_if_unused(handle.node)
+
     @property
     def open_files(self) -> int:
-        return len(self._files)
+        return sum(handle.opened_here for handle in self._files.values())
 
     def statfs(self) -> StatFs:
         return StatFs(

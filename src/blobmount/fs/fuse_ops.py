@@ -12,11 +12,12 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import pyfuse3
 import trio
 
+from blobmount.fs import wakeup
 from blobmount.fs.errno_map import errno_for
 from blobmount.fs.filesystem import Attr, BlobFilesystem
 
@@ -38,6 +39,7 @@ class _Request:
         self._what = what
 
     def __enter__(self) -> None:
+        wakeup.disarm()  # the read that brought this request did not block (multicore.md)
         self._ops.active_requests += 1
 
     def __exit__(
@@ -60,9 +62,12 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: BlobFilesystem) -> None:
+    def __init__(self, fs: BlobFilesystem | None = None) -> None:
         super().__init__()
-        self.fs = fs
+        #: None only until a multi-process mount has built this process's filesystem: pyfuse3
+        #: takes the operations at mount time, before the processes fork, and no request but
+        #: INIT reaches a process before it serves
+        self.fs = cast(BlobFilesystem, fs)
         self.active_requests = 0
         #: set when active_requests drops to 0; made only while someone waits for that
         self._idle: trio.Event | None = None
@@ -138,6 +143,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             return self._entry(await self.fs.getattr(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        wakeup.disarm()
         self.fs.forget(inode_list)
 
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -157,6 +163,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             await self.fs.readdir(fh, start_id, reply)
 
     async def releasedir(self, fh: int) -> None:
+        wakeup.disarm()
         self.fs.releasedir(fh)
 
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
@@ -171,18 +178,21 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             return await self.fs.read(fh, off, size)
 
     async def release(self, fh: int) -> None:
+        wakeup.disarm()
         self.fs.release(fh)
 
     async def flush(self, fh: int) -> None:
         # Nothing is ever written, so there is nothing to flush. ENOSYS (not success) tells the
         # kernel so once and for all: it stops sending FLUSH on every close(), one request per
         # opened file fewer, and close() still returns 0.
+        wakeup.disarm()
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         return None  # nothing is ever dirty
 
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        wakeup.disarm()
         info = self.fs.statfs()
         data = pyfuse3.StatvfsData()
         data.f_bsize = info.block_size
@@ -197,11 +207,13 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         return data
 
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        wakeup.disarm()
         return not mode & os.W_OK
 
     # -- write-side operations: a read-only filesystem -------------------------------------
 
     async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        wakeup.disarm()
         raise pyfuse3.FUSEError(errno.EROFS)
 
     setattr = _refuse

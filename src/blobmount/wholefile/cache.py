@@ -64,6 +64,7 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.cachedir.layout import CacheLayout, temporary_path
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
+from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.cachedir.space import SpaceConfig, allocated_size
 from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
 from blobmount.storage.base import StorageClient
@@ -179,6 +180,8 @@ class WholeFileCache:
         layout: CacheLayout,
         alloc_unit: int,
         nursery: trio.Nursery,
+        *,
+        shared_budget: SharedBudgetCounters | None = None,
     ) -> None:
         self.config = config
         self.location = location
@@ -190,6 +193,7 @@ class WholeFileCache:
             layout,
             PrunerConfig(config.space, rescan_interval_s=config.rescan_interval_s),
             keep=self._in_use,
+            shared_budget=shared_budget,
         )
         slots = max(1, config.download_slots)
         #: GETs in flight, and fetched bytes not yet written (see the module docstring)
@@ -644,10 +648,15 @@ class WholeFileCache:
 
 @asynccontextmanager
 async def open_whole_file_cache(
-    storage: StorageClient, config: WholeFileConfig, location: str
+    storage: StorageClient,
+    config: WholeFileConfig,
+    location: str,
+    *,
+    shared_budget: SharedBudgetCounters | None = None,
 ) -> AsyncIterator[WholeFileCache | None]:
     """The whole-file cache of a mount of `location`, its pruner running; None when the cache
-    directory cannot be used (logged: every open then streams in block mode)."""
+    directory cannot be used (logged: every open then streams in block mode). `shared_budget`:
+    the space figures shared by the processes of a multi-process mount."""
     if config.space.cache_size == 0:
         log.warning("whole-file mode with DATASET_MOUNT_CACHE_SIZE=0: every file is streamed")
         yield None
@@ -660,7 +669,13 @@ async def open_whole_file_cache(
         log.info("whole-file mode: cache %s for %s", config.root, location)
         async with background_tasks() as nursery:
             cache = WholeFileCache(
-                storage, config, location, cache_dir.layout, cache_dir.alloc_unit, nursery
+                storage,
+                config,
+                location,
+                cache_dir.layout,
+                cache_dir.alloc_unit,
+                nursery,
+                shared_budget=shared_budget,
             )
             nursery.start_soon(cache.pruner.run)
             nursery.start_soon(cache.writer.run)

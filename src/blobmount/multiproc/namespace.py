@@ -1,0 +1,44 @@
+"""The namespace state every process of a multi-process mount resolves requests through.
+
+The kernel sends each request to whichever process reads it first, so a process may get a
+GETATTR for an inode another process handed out, or a READ of a handle another process opened
+(docs/developer-notes/multicore.md, "Any request reaches any process"). Created by the main
+process before it forks; every process inherits it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobmount.cachedir.shared_budget import SharedBudgetCounters
+from blobmount.multiproc.handles import SharedHandles
+from blobmount.multiproc.names import SharedNames
+from blobmount.multiproc.open_versions import SharedOpenVersions
+
+
+@dataclass(frozen=True, slots=True)
+class SharedNamespace:
+    #: inode number -> path, for every node a process handed to the kernel
+    names: SharedNames
+    #: handle number -> the inode and the version it pinned
+    handles: SharedHandles
+    #: per inode, the version the kernel may hold pages of and its open handles
+    versions: SharedOpenVersions
+    #: the disk cache's usage and reservations: one budget for every process's writes
+    budget: SharedBudgetCounters
+
+    @classmethod
+    def create(cls, folder: Path, processes: int) -> SharedNamespace:
+        return cls(
+            SharedNames.create(folder),
+            SharedHandles.create(folder, processes),
+            SharedOpenVersions.create(folder),
+            SharedBudgetCounters.create(folder),
+        )
+
+    def close(self) -> None:
+        self.names.close()
+        self.handles.close()
+        self.versions.close()
+        self.budget.close()

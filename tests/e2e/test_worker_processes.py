@@ -1,0 +1,260 @@
+"""A mount served by two processes (DATASET_MOUNT_WORKER_PROCESSES=2), through a real mount of a
+synthetic:// source: every byte right, stats summed over the processes, a SIGKILLed worker
+replaced, a SIGKILLed main process leaving nothing behind, memory bounded for the tree."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from blobmount.source import parse_source
+from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
+from tests.helpers.mount import MountedDaemon, daemon_stats, is_mounted
+
+pytestmark = pytest.mark.fuse
+
+URI = (
+    "synthetic://procs?small_files=400&small_size=25000&per_folder=100&large_files=1"
+    "&large_size=64MB"
+)
+DATASET = SyntheticDataset.from_query(parse_source(URI).synthetic_query or "")
+SMALL = [DATASET.name(i) for i in range(DATASET.small_files)]
+LARGE = DATASET.name(DATASET.small_files)
+MiB = 1024 * 1024
+WAIT_S = 20.0
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/{pid}/task/{task}/children").read_text()
+                found += [int(child) for child in text.split()]
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo += _children(current)
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S}s: {what}")
+        time.sleep(0.05)
+
+
+def _shared_folders(pid: int) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"blobmount-{pid}-*"))
+
+
+@pytest.fixture
+def two_processes(fuse_ok, tmp_path, request) -> Iterator[Callable[..., MountedDaemon]]:
+    """mount(name, **env) -> a started two-process mount of URI; all stopped at teardown."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DATASET_", "AZURE_STORAGE", "AZUREML_", "RSLEX_"))
+    }
+    base["DATASET_MOUNT_CACHE_DIR"] = str(tmp_path / "cache")
+    base["DATASET_MOUNT_WORKER_PROCESSES"] = "2"
+    mounts: list[MountedDaemon] = []
+
+    def mount(name: str = "mnt", **env: str) -> MountedDaemon:
+        daemon = MountedDaemon(URI, tmp_path / name, {**base, **env}, tmp_path / f"{name}.log")
+        mounts.append(daemon)
+        return daemon.start()
+
+    yield mount
+    failed = request.node.rep_call.failed if hasattr(request.node, "rep_call") else False
+    for daemon in mounts:
+        leftovers = _tree(daemon.pid)[1:] if daemon.proc and daemon.proc.poll() is None else []
+        daemon.stop()
+        for pid in leftovers:  # a worker of a main process that failed to end them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for folder in _shared_folders(daemon.pid):
+            shutil.rmtree(folder, ignore_errors=True)
+        if failed:
+            print(f"--- daemon log {daemon.log_file} ---\n{daemon.log()[-20000:]}")
+
+
+def _worker_pids(daemon: MountedDaemon) -> list[int]:
+    """The workers: the zygote's children (the zygote is the main process's only child)."""
+    return [pid for zygote in _children(daemon.pid) for pid in _children(zygote)]
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _check_small_files(root: Path, names: list[str], readers: int = 8) -> None:
+    with ThreadPoolExecutor(readers) as pool:
+        contents = list(pool.map(lambda name: _read(root / name), names))
+    wrong = [
+        name
+        for name, got in zip(names, contents, strict=True)
+        if got != expected_bytes(DATASET, name, 0, DATASET.small_size)
+    ]
+    assert wrong == []
+
+
+def _check_large_file(root: Path) -> None:
+    fd = os.open(root / LARGE, os.O_RDONLY)
+    try:
+        for offset in range(0, DATASET.large_size, MiB):
+            assert os.pread(fd, MiB, offset) == expected_bytes(DATASET, LARGE, offset, MiB)
+    finally:
+        os.close(fd)
+
+
+def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> None:
+    daemon = two_processes()
+    root = daemon.mountpoint
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    listed = sorted(
+        f"{os.path.relpath(folder, root)}/{name}"
+        for folder, _, files in os.walk(root)
+        for name in files
+    )
+    assert listed == sorted(DATASET.name(i) for i in range(DATASET.files))
+    names = list(SMALL)
+    random.Random(2).shuffle(names)
+    _check_small_files(root, names)
+    _check_large_file(root)
+
+    # the socket's figures are every process's: the bytes served add up to what was read
+    read = DATASET.small_files * DATASET.small_size + DATASET.large_size
+
+    def summed() -> bool:
+        return daemon_stats(daemon)["blocks"]["bytes_served"] == read
+
+    _wait_for(summed, f"stats summing to the {read} bytes read")  # published once a second
+    worker = _worker_pids(daemon)[0]
+    assert Path(f"/dev/shm/{_shared_folders(daemon.pid)[0].name}/stats-{worker}.json").exists()
+
+    assert daemon.stop() == 0
+    assert not is_mounted(root)
+    assert [pid for pid in _tree(daemon.pid) if _alive(pid)] == []
+    assert _shared_folders(daemon.pid) == []
+
+
+def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
+    daemon = two_processes()
+    root = daemon.mountpoint
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    (first,) = _worker_pids(daemon)
+    errors: list[OSError] = []
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            name = rng.choice(SMALL)
+            try:
+                got = _read(root / name)
+            except OSError as exc:  # a request the killed worker held
+                errors.append(exc)
+                continue
+            if got != expected_bytes(DATASET, name, 0, DATASET.small_size):
+                wrong.append(name)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        os.kill(first, signal.SIGKILL)
+        _wait_for(
+            lambda: [pid for pid in _worker_pids(daemon) if pid != first and _alive(pid)] != [],
+            "a new worker",
+        )
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+    assert not any(thread.is_alive() for thread in threads), "a read hangs"
+    assert wrong == []
+    assert all(exc.errno in (errno.EIO, errno.ECONNABORTED, errno.EINTR) for exc in errors)
+    assert re.search(r"worker 1 \(pid \d+\) died", daemon.log())
+    _check_small_files(root, SMALL)  # usable, with every byte right
+
+
+def test_a_killed_main_process_leaves_no_worker(two_processes) -> None:
+    daemon = two_processes()
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    tree = _tree(daemon.pid)
+    assert len(tree) == 3  # main, zygote, worker
+    os.kill(daemon.pid, signal.SIGKILL)
+    assert daemon.proc is not None
+    daemon.proc.wait(WAIT_S)  # reaped, as init reaps a background mount's daemon
+    _wait_for(lambda: not any(_alive(pid) for pid in tree), "every process of the mount gone")
+    result = subprocess.run(
+        ["fusermount3", "-u", str(daemon.mountpoint)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    # the next multi-process mount removes the shared folder of a mount whose process is gone
+    assert _shared_folders(daemon.pid) != []
+    two_processes("again")
+    assert _shared_folders(daemon.pid) == []
+
+
+def test_the_memory_settings_bound_the_whole_tree(two_processes) -> None:
+    budget = 32 * MiB
+    daemon = two_processes(
+        DATASET_MOUNT_MEMORY_CACHE_SIZE=str(budget),
+        DATASET_MOUNT_READ_AHEAD_MEMORY_LIMIT=str(16 * MiB),
+        DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false",
+    )
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    baseline = sum(_rss(pid) for pid in _tree(daemon.pid))
+    for _ in range(2):
+        _check_large_file(daemon.mountpoint)
+        subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+    ram = daemon_stats(daemon)["blocks"]["ram"]
+    assert ram["capacity_bytes"] == budget  # the processes' shares, summed
+    assert 0 < ram["used_bytes"] <= budget
+    # each process holds its share of the RAM tier and of the read-ahead budget, plus Python's
+    # own allocations (arenas freed in the middle are not always given back)
+    grown = sum(_rss(pid) for pid in _tree(daemon.pid)) - baseline
+    assert grown <= budget + 16 * MiB + 64 * MiB, f"the tree grew by {grown / MiB:.0f} MiB"
+
+
+def _rss(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,106 @@
+"""Two BlobFilesystems sharing one SharedNamespace, as two processes of a mount do: any request
+may land in either, and a handle read in the other never mixes blob versions."""
+
+import errno
+
+import pytest
+
+from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.errors import BlobChanged
+from blobmount.fs.errno_map import FsError
+from blobmount.fs.filesystem import BlobFilesystem, FsConfig
+from blobmount.multiproc.namespace import SharedNamespace
+from blobmount.namespace.inodes import ROOT_INODE
+from blobmount.storage.memory import InMemoryStorageClient
+from tests.helpers.readdir import read_entries
+
+B = 64 * 1024
+
+
+@pytest.fixture
+def shared(tmp_path):
+    namespace = SharedNamespace.create(tmp_path, 2)
+    yield namespace
+    namespace.close()
+
+
+def make_fs(nursery, mem, shared):
+    blocks = BlockManager(mem, BlockManagerConfig(B, 4, 4, 4 * B, 16 * B), nursery)
+    cfg = FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B)
+    return BlobFilesystem(mem, blocks, cfg, shared=shared)
+
+
+def store():
+    mem = InMemoryStorageClient()
+    mem.put("a/b/c.bin", b"c" * 1000)
+    mem.put("a/d.bin", b"d" * 10)
+    return mem
+
+
+async def test_an_inode_handed_out_by_one_is_resolved_by_the_other(nursery, shared):
+    mem = store()
+    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
+    a = await one.lookup(ROOT_INODE, "a")
+    b = await one.lookup(a.inode, "b")
+    c = await one.lookup(b.inode, "c.bin")
+    attr = await two.getattr(c.inode)  # two never looked it up
+    assert (attr.inode, attr.size) == (c.inode, 1000)
+    assert (await two.lookup(b.inode, "c.bin")).inode == c.inode
+    with pytest.raises(FsError) as info:
+        await two.getattr(c.inode + 1)  # nobody handed that one out
+    assert info.value.errno == errno.ENOENT
+
+
+async def test_a_handle_is_read_and_released_in_the_other(nursery, shared):
+    mem = store()
+    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
+    a = await one.lookup(ROOT_INODE, "a")
+    d = await one.lookup(a.inode, "d.bin")
+    opened = await one.open(d.inode, 0)
+    assert await two.read(opened.fh, 0, 100) == b"d" * 10
+    two.release(opened.fh)
+    with pytest.raises(FsError) as info:
+        await two.read(opened.fh, 0, 100)
+    assert info.value.errno == errno.EBADF
+    # the opener drops its own copy of the handle released elsewhere (a sweep, a few times a
+    # second, at its next release)
+    assert one.open_files == 1
+    one._last_sweep = -1e9
+    other = await one.open(d.inode, 0)
+    one.release(other.fh)
+    assert one.open_files == 0
+
+
+async def test_a_handle_read_in_the_other_keeps_its_version(nursery, shared):
+    mem = store()
+    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
+    a = await one.lookup(ROOT_INODE, "a")
+    d = await one.lookup(a.inode, "d.bin")
+    old = await one.open(d.inode, 0)
+    mem.put("a/d.bin", b"new" * 5)  # the blob changes while the handle is open
+    # two is pinned to the handle's version: the store no longer has it, so EIO, never new bytes
+    with pytest.raises(BlobChanged):
+        await two.read(old.fh, 0, 100)
+    # a new open sees the new version, in either, and bypasses the page cache while the old
+    # version is open in the other process
+    await two._refresh(two.inodes.get(d.inode))  # (attributes never expire here)
+    new = await two.open(d.inode, 0)
+    assert new.direct_io
+    assert not new.keep_cache
+    assert await one.read(new.fh, 0, 100) == b"new" * 5
+    one.release(old.fh)
+    two.release(new.fh)
+
+
+async def test_a_folder_handle_is_read_in_the_other(nursery, shared):
+    mem = store()
+    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
+    a = await one.lookup(ROOT_INODE, "a")
+    fh = await one.opendir(a.inode)
+    entries = dict(await read_entries(two, fh))
+    assert sorted(entries) == ["b", "d.bin"]
+    # the entries two handed out (readdirplus) resolve in one
+    assert (await one.getattr(entries["d.bin"].inode)).size == 10
+    two.releasedir(fh)
+    with pytest.raises(FsError):
+        await one.readdir(fh + (1 << 40), 0, lambda *args: True)
