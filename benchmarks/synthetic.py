@@ -12,7 +12,8 @@ files/s or GiB/s, the ratio to the ceiling, and the CPU per file and per GiB of 
 whole process tree and of its main process (the serial part). Every byte is verified.
 
 `--processes N` sets DATASET_MOUNT_WORKER_PROCESSES=N for the daemon (issue #25); the report
-shows how many processes the daemon really ran, which is 1 until that setting exists.
+shows how many processes the daemon really ran (the N that serve, and the zygote that replaces
+a dead one).
 Writes synthetic-<stamp>-<profile>.md/.json and synthetic-latest.md/.json to --out
 (benchmarks/results/); the markdown is printed. See docs/BENCHMARKING.md, "Synthetic source".
 """

@@ -55,6 +55,7 @@ from blobmount.mountpoint import prepare_mountpoint
 from blobmount.multiproc.namespace import SharedNamespace
 from blobmount.process_stats import StatsShare, publish_every
 from blobmount.readiness import ReadyNotifier
+from blobmount.runstate import pid_alive
 from blobmount.settings import Settings
 from blobmount.units import format_size
 
@@ -144,19 +145,9 @@ def _shared_folder() -> Path:
     root = SHARED_ROOT if SHARED_ROOT.is_dir() else Path(tempfile.gettempdir())
     for old in root.glob(f"{SHARED_PREFIX}*"):
         pid = old.name[len(SHARED_PREFIX) :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SHARED_PREFIX}{os.getpid()}-", dir=root))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the check before mounting ---------------------------------------------------------------

@@ -61,6 +61,7 @@ from blobmount.cachedir.pruner import PrunerStats
 from blobmount.fs.filesystem import NamespaceStats
 from blobmount.hints.coordinator import HintStats
 from blobmount.namespace.catalog import CatalogStats
+from blobmount.runstate import pid_alive
 from blobmount.snapshot import MountSnapshot, SnapshotFormatError
 from blobmount.storage.counting import StorageStats
 from blobmount.storage.flow import FlowStats
@@ -248,7 +249,7 @@ class StatsShare:
             if pid == own.pid:
                 continue
             every.append(snapshot)
-            if _alive(pid):
+            if pid_alive(pid):
                 live.append(snapshot)
         return _combine(own, every, live)
 
@@ -260,7 +261,7 @@ class StatsShare:
             os.pwrite(self._requests, _COUNTER.pack(asked), 0)
         waiting = set()
         for pid, _, _ in self._published():
-            if pid != own.pid and _alive(pid):
+            if pid != own.pid and pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, REFRESH_SIGNAL)
                     waiting.add(pid)
@@ -269,7 +270,7 @@ class StatsShare:
             time.sleep(0.001)
             fresh = {pid for pid, answers, _ in self._published() if answers >= asked}
             waiting -= fresh
-            waiting = {pid for pid in waiting if _alive(pid)}
+            waiting = {pid for pid in waiting if pid_alive(pid)}
         return self.combined(own)
 
     def _asked(self) -> int:
@@ -334,16 +335,6 @@ async def publish_every(
 
 
 # -- the sums ----------------------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, someone else's
-        return True
-    return True
 
 
 _D = TypeVar("_D", bound="DataclassInstance")

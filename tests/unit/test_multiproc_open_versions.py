@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import random
 import select
-import signal
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from blobmount.multiproc.open_versions import SLOT_BYTES, SharedOpenVersions
+from tests.helpers.forked import fork, wait
 
 KEEP = (True, False)
 FRESH = (False, False)  # may not keep pages, reads through the page cache
@@ -176,38 +175,6 @@ def _wait_readable(fd: int) -> bytes:
     return os.read(fd, 1)
 
 
-def _fork(work: Callable[[], None]) -> int:
-    """A child running `work`, exiting with 0 if it returned, 1 if it raised."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            work()
-            status = 0
-        finally:
-            os._exit(status)
-    return pid
-
-
-def _reap(pids: list[int]) -> list[int]:
-    """The children's exit codes; killed if they do not end in time."""
-    codes = {}
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = -signal.SIGKILL
-    return [codes[pid] for pid in pids]
-
-
 def test_a_version_open_in_a_child_sends_another_to_direct_io(table):
     to_parent_r, to_parent_w = os.pipe()
     to_child_r, to_child_w = os.pipe()
@@ -219,7 +186,7 @@ def test_a_version_open_in_a_child_sends_another_to_direct_io(table):
         table.released(3, "A", False)
         os.write(to_parent_w, b"r")
 
-    pid = _fork(child)
+    pid = fork(child)
     try:
         assert _wait_readable(to_parent_r) == b"o"
         assert table.opened(3, "B") == DIRECT
@@ -231,7 +198,7 @@ def test_a_version_open_in_a_child_sends_another_to_direct_io(table):
         assert table.opened(3, "B") == FRESH  # nothing open: the record moves to B
         table.released(3, "B", False)
     finally:
-        assert _reap([pid]) == [0]
+        assert [wait(pid)] == [0]
         for fd in (to_parent_r, to_parent_w, to_child_r, to_child_w):
             os.close(fd)
 
@@ -247,11 +214,11 @@ def _run_children(works: list[Callable[[], None]]) -> None:
 
         return run
 
-    pids = [_fork(wrapped(work)) for work in works]
+    pids = [fork(wrapped(work)) for work in works]
     try:
         os.write(start_w, b"g" * len(pids))
     finally:
-        codes = _reap(pids)
+        codes = [wait(pid) for pid in pids]
         os.close(start_r)
         os.close(start_w)
     assert codes == [0] * len(pids)

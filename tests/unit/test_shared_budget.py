@@ -10,12 +10,9 @@ wait has a deadline, so a failure cannot hang the test run."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,53 +26,13 @@ from blobmount.cachedir.shared_budget import SLOTS, BudgetFigures, SharedBudgetC
 from blobmount.cachedir.space import CacheBudget, SpaceConfig
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.units import KiB, MiB
+from tests.helpers.forked import WAIT_S, fork, read_line, wait
 
 pytestmark = pytest.mark.timeout(120)
 
-WAIT_S = 60.0
 
-
-def fork(child: Callable[[], object]) -> int:
-    """Run `child` in a forked process; it exits 0 if `child` returned, 1 if it raised."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            child()
-            status = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(status)
-    return pid
-
-
-def wait(pid: int, timeout: float = WAIT_S) -> int:
-    """Child `pid`'s exit status (negative: the signal that ended it); killed, and the test
-    failed, if it has not ended within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"child {pid} did not end within {timeout} s")
-        time.sleep(0.002)
-
-
-def read_line(fd: int, timeout: float = WAIT_S) -> str:
-    deadline, data = time.monotonic() + timeout, b""
-    while not data.endswith(b"\n"):
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            pytest.fail("no word from a child in time")
-        chunk = os.read(fd, 1)
-        if not chunk:
-            pytest.fail("a child ended without a word")
-        data += chunk
-    return data.decode().strip()
+def word(fd: int) -> str:
+    return read_line(fd).decode().strip()
 
 
 def say(fd: int, text: object) -> None:
@@ -115,7 +72,7 @@ def test_racing_reservations_of_two_processes_fill_the_capacity_exactly(counters
 
     pids = [fork(child) for _ in range(2)]
     os.write(go_write, b"gg")
-    got = [int(read_line(answer_read)) for _ in pids]
+    got = [int(word(answer_read)) for _ in pids]
     assert [wait(pid) for pid in pids] == [0, 0]
     assert sum(got) == 300  # never more; and no reservation was lost to a race either
     assert counters.read() == BudgetFigures(300 * MiB, 300, 0, 0)
@@ -152,7 +109,7 @@ def test_rebase_keeps_the_reservations_and_counts_what_others_settled_meanwhile(
 
     pid = fork(other)
     try:
-        read_line(answer_read)
+        word(answer_read)
         counters.settle(0, 5)  # this process's own: its pruner counts those itself
         counters.rebase(1000, 10, since=mark)
         # 1000 scanned + 30 the other process settled; reservations 100 + 7 kept
@@ -173,7 +130,7 @@ def test_a_killed_process_reservations_come_back(counters):
         time.sleep(WAIT_S)
 
     pid = fork(doomed)
-    read_line(answer_read)
+    word(answer_read)
     assert counters.try_reserve(300, 1000)
     assert not counters.try_reserve(101, 1000)  # 600 of the other process + 300 + 101
     os.kill(pid, signal.SIGKILL)
@@ -226,14 +183,14 @@ def test_two_budgets_in_two_processes_see_each_other(counters):
 
     pid = fork(child)
     try:
-        assert read_line(answer_read) == "reserved"
+        assert word(answer_read) == "reserved"
         assert (budget.reserved_bytes, budget.own_reserved_bytes) == (500, 0)
         assert budget.others_reserved_bytes == 500
         assert not budget.try_reserve(301)  # 200 + 500 + 301 > 1000
         assert budget.try_reserve(300)
         assert budget.should_prune()  # 1000 of 1000, with the other process's write
         os.write(to_child_write, b"s")
-        assert read_line(answer_read) == "settled"
+        assert word(answer_read) == "settled"
         assert (budget.used_bytes, budget.entries, budget.reserved_bytes) == (680, 3, 300)
         os.write(to_child_write, b"q")
     except BaseException:
@@ -257,7 +214,7 @@ def test_pruner_reports_this_process_reservations_and_takes_the_shared_budget(tm
 
     pid = fork(other)
     try:
-        read_line(answer_read)
+        word(answer_read)
         assert pruner.budget.try_reserve(1000)
         stats = pruner.statistics()
         assert (stats.reserved_bytes, pruner.budget.reserved_bytes) == (1000, 5000)
@@ -321,17 +278,18 @@ def test_two_processes_writing_blocks_keep_the_folder_within_the_cache_size(tmp_
                 with trio.fail_after(WAIT_S):
                     while tier.writer.statistics().queued_blocks:
                         await trio.sleep(0.002)
-                say(answer_write, "written")
-                # stay open (and idle) while the parent looks
-                assert await trio.to_thread.run_sync(os.read, go_read, 1) == b"q"
+            # closed: its writer drained and its pruner stopped, so no pass of it changes the
+            # folder or the figures while the parent compares them
+            say(answer_write, "written")
+            assert await trio.to_thread.run_sync(os.read, go_read, 1) == b"q"
 
         trio.run(write_all)
 
     pids = [fork(lambda name=name: writer(name)) for name in ("a/blob", "b/blob")]
     try:
-        assert [read_line(answer_read) for _ in pids] == ["scanned"] * 2
+        assert [word(answer_read) for _ in pids] == ["scanned"] * 2
         os.write(go_write, b"gg")
-        assert [read_line(answer_read) for _ in pids] == ["written"] * 2
+        assert [word(answer_read) for _ in pids] == ["written"] * 2
         scan = CacheLayout(root).scan(remove_stale_temporaries=False)
         used, _, reserved, _ = counters.read()
         os.write(go_write, b"qq")

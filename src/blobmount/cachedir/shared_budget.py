@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from blobmount.shared_file import create_mapped
+
 FILE_NAME = "budget"
 #: processes that may hold a slot at once; a mount has at most 16, and a dead one's slot is
 #: taken back, so this leaves room for a test's extra processes
@@ -97,14 +99,7 @@ class SharedBudgetCounters:
     @classmethod
     def create(cls, folder: Path, name: str = FILE_NAME) -> SharedBudgetCounters:
         """New counters, all zero, in file `name` of `folder` (which must not exist yet)."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(folder / name, flags, 0o600)
-        try:
-            os.ftruncate(fd, _LENGTH)
-            mm = mmap.mmap(fd, _LENGTH)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, mm = create_mapped(folder / name, _LENGTH)
         return cls(fd, mm)
 
     def close(self) -> None:

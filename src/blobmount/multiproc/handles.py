@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blobmount.shared_file import create_mapped
+
 FILE_NAME = "handles"
 SLOT_SIZE = 128
 #: the longest ETag a handle can pin, in bytes (Azure's are 19)
@@ -108,14 +110,7 @@ class SharedHandles:
         if processes < 1 or per_process < 1 or processes * per_process > _SLOT_MASK + 1:
             raise ValueError(f"no table of {processes} x {per_process} handles")
         length = processes * per_process * SLOT_SIZE
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(folder / FILE_NAME, flags, 0o600)
-        try:
-            os.ftruncate(fd, length)
-            mm = mmap.mmap(fd, length)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, mm = create_mapped(folder / FILE_NAME, length)
         return cls(fd, mm, processes, per_process)
 
     def close(self) -> None:

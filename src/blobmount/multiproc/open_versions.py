@@ -185,21 +185,27 @@ class SharedOpenVersions:
             return  # it never counted in the record, which may now be another inode's
         version = version_hash(etag)
         home = self._home(inode)
-        words, halves, slots = self._words, self._halves, self.slots
         self._lock()
         try:
-            for step in range(self.window):
-                base = _HEADER_WORDS + _SLOT_WORDS * ((home + step) % slots)
-                owner = words[base]
-                if owner == inode:
-                    count = halves[2 * base + 4]
-                    if words[base + 1] == version and count > 0:
-                        halves[2 * base + 4] = count - 1
-                    return
-                if owner == 0:
-                    return
+            base = self._slot_of(inode, home)
+            if base is not None and self._words[base + 1] == version:
+                halves = self._halves
+                halves[2 * base + 4] = max(0, halves[2 * base + 4] - 1)
         finally:
             self._unlock()
+
+    def _slot_of(self, inode: int, home: int) -> int | None:
+        """Where `inode`'s record starts (in words), or None if it has none; under the lock.
+        Records are never deleted, so the first empty slot of the window ends the search."""
+        words, slots = self._words, self.slots
+        for step in range(self.window):
+            base = _HEADER_WORDS + _SLOT_WORDS * ((home + step) % slots)
+            owner = words[base]
+            if owner == inode:
+                return base
+            if owner == 0:
+                return None
+        return None
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -208,17 +214,13 @@ class SharedOpenVersions:
         is of another version, or there is none)."""
         version = version_hash(etag)
         home = self._home(inode)
-        words, halves, slots = self._words, self._halves, self.slots
         self._lock()
         try:
-            for step in range(self.window):
-                base = _HEADER_WORDS + _SLOT_WORDS * ((home + step) % slots)
-                owner = words[base]
-                if owner == inode:
-                    return halves[2 * base + 4] if words[base + 1] == version else 0
-                if owner == 0:
-                    break
-            return 0
+            base = self._slot_of(inode, home)
+            if base is None or self._words[base + 1] != version:
+                return 0
+            count: int = self._halves[2 * base + 4]
+            return count
         finally:
             self._unlock()
 
