@@ -50,7 +50,7 @@ from blobmount.fs import wakeup
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.fuse_processes import EXIT_CONNECTION_ENDED, Zygote, answer_init
 from blobmount.memory_limit import usable_memory_bytes
-from blobmount.metrics import open_metrics
+from blobmount.metrics import Metrics, open_metrics
 from blobmount.mountpoint import prepare_mountpoint
 from blobmount.multiproc.namespace import SharedNamespace
 from blobmount.process_stats import StatsShare, publish_every
@@ -255,29 +255,38 @@ async def _serve_worker(mount: _Mount, index: int) -> None:
 
 
 async def _serve_main(mount: _Mount, zygote: Zygote, notifier: ReadyNotifier) -> None:
-    request = mount.request
-    async with (
-        open_metrics(request.settings.metrics_addr) as metrics,
-        _process_parts(mount, 0) as parts,
-    ):
-        tuned = trio.Event()
-        tuned.set()  # tuned before the fork
+    serving = False  # from then on, serve_mounted unmounts whatever happens
+    try:
+        async with (
+            open_metrics(mount.request.settings.metrics_addr) as metrics,
+            _process_parts(mount, 0) as parts,
+        ):
+            serving = True
+            await _serve_parts(mount, zygote, notifier, metrics, parts)
+    finally:
+        if not serving:  # mounted before the parts were built: a failure there unmounts too
+            pyfuse3.close(unmount=True)
 
-        workers = _Workers()
 
-        def also(nursery: trio.Nursery) -> None:
-            nursery.start_soon(_follow_workers, zygote, workers)
+async def _serve_parts(
+    mount: _Mount, zygote: Zygote, notifier: ReadyNotifier, metrics: Metrics, parts: MountParts
+) -> None:
+    tuned = trio.Event()
+    tuned.set()  # tuned before the fork
 
-        async def finish_workers(signum: int) -> None:
-            for pid in workers.pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-            await workers.all_ended()
+    workers = _Workers()
 
-        served = Served(
-            parts, mount.ops, metrics, tuned, mount.stats.refreshed, also, finish_workers
-        )
-        await serve_mounted(request, notifier, served)
+    def also(nursery: trio.Nursery) -> None:
+        nursery.start_soon(_follow_workers, zygote, workers)
+
+    async def finish_workers(signum: int) -> None:
+        for pid in workers.pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        await workers.all_ended()
+
+    served = Served(parts, mount.ops, metrics, tuned, mount.stats.refreshed, also, finish_workers)
+    await serve_mounted(mount.request, notifier, served)
 
 
 class _Workers:

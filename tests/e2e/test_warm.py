@@ -123,6 +123,7 @@ def test_a_remount_after_warm_reads_nothing_from_storage(dataset, mount_factory)
     assert s["disk"]["hits"] == blocks(TRAIN | OTHER)
 
 
+@FETCHES_PER_PROCESS
 def test_a_cache_smaller_than_the_subtree_stops_warm_before_pruning(dataset, mount_factory):
     container, _ = dataset
     limit = 14 * MiB  # two of the 5 MiB parts, not three
@@ -246,6 +247,7 @@ def _stop_warm(proc: subprocess.Popen[str], log: str) -> None:
 # -- whole-file mode ----------------------------------------------------------------------------
 
 
+@FETCHES_PER_PROCESS
 def test_whole_file_mode_warm_then_reads_and_a_remount_make_no_storage_requests(
     dataset, mount_factory
 ):

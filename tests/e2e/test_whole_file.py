@@ -83,6 +83,7 @@ def test_random_reads_of_a_large_file_come_from_the_local_copy(dataset, mount_fa
     assert len(cache_files(daemon.env["DATASET_MOUNT_CACHE_DIR"])[0]) == 1
 
 
+@FETCHES_PER_PROCESS
 def test_sqlite_queries_on_a_database_blob(dataset, mount_factory):
     daemon = mount_factory(dataset, env=WHOLE)
     db = daemon.mountpoint / "db" / "data.sqlite"
@@ -106,6 +107,7 @@ with open(sys.argv[1], "rb") as f:
 """
 
 
+@FETCHES_PER_PROCESS
 def test_two_processes_opening_one_file_share_one_download(dataset, mount_factory):
     daemon = mount_factory(dataset, env=WHOLE)
     path = str(daemon.mountpoint / "medium.bin")
@@ -141,6 +143,7 @@ def test_a_file_larger_than_the_cache_streams_in_block_mode(dataset, mount_facto
     assert "does not fit" in daemon.log()
 
 
+@FETCHES_PER_PROCESS
 def test_a_remount_opens_the_cached_copy_without_downloading(dataset, mount_factory, tmp_path):
     env = {**WHOLE, "DATASET_MOUNT_CACHE_DIR": str(tmp_path / "shared-cache")}
     first = mount_factory(dataset, env=env)
