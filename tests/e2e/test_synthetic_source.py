@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +14,7 @@ from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
 from tests.e2e.conftest import worker_processes_env
 from tests.helpers.mount import MountedDaemon
+from tests.helpers.synthetic_reads import read_whole, wrong_files
 
 pytestmark = pytest.mark.fuse
 
@@ -53,11 +52,6 @@ def synthetic_mount(fuse_ok, tmp_path, request) -> Iterator:
             print(f"--- daemon log {daemon.log_file} ---\n{daemon.log()[-20000:]}")
 
 
-def _read_whole(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def test_every_name_and_byte_is_the_datasets(synthetic_mount) -> None:
     root = synthetic_mount(URI, "mnt").mountpoint
     assert sorted(os.listdir(root)) == ["large", "small"]
@@ -75,14 +69,7 @@ def test_every_name_and_byte_is_the_datasets(synthetic_mount) -> None:
     # every small file, by several readers at once, as a data loader reads them
     small = [DATASET.name(i) for i in range(DATASET.small_files)]
     random.Random(1).shuffle(small)
-    with ThreadPoolExecutor(8) as pool:
-        contents = list(pool.map(lambda name: _read_whole(root / name), small))
-    wrong = [
-        name
-        for name, got in zip(small, contents, strict=True)
-        if got != expected_bytes(DATASET, name, 0, DATASET.small_size)
-    ]
-    assert wrong == []
+    assert wrong_files(root, DATASET, small, readers=8) == []
 
     # the large file whole, in 1 MiB reads, then a few reads at odd offsets
     fd = os.open(root / large, os.O_RDONLY)
@@ -103,6 +90,6 @@ def test_a_prefix_mounts_one_folder(synthetic_mount) -> None:
     names = sorted(os.listdir(root))
     assert names == [f"f{i:07d}.bin" for i in range(100, 200)]
     name = names[42]
-    assert _read_whole(root / name) == expected_bytes(
+    assert read_whole(root / name) == expected_bytes(
         DATASET, f"small/d0001/{name}", 0, DATASET.small_size
     )

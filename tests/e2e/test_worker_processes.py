@@ -15,14 +15,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
+from tests.e2e.test_operations import free_port, scrape
 from tests.helpers.mount import MountedDaemon, daemon_stats, is_mounted
+from tests.helpers.synthetic_reads import read_whole, wrong_files
 
 pytestmark = pytest.mark.fuse
 
@@ -37,32 +39,19 @@ MiB = 1024 * 1024
 WAIT_S = 20.0
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                text = Path(f"/proc/{pid}/task/{task}/children").read_text()
-                found += [int(child) for child in text.split()]
-    return found
-
-
 def _tree(pid: int) -> list[int]:
     """`pid` and all its descendants."""
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo += _children(current)
-    return tree
+    try:
+        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def _wait_for(check: Callable[[], bool], what: str) -> None:
@@ -110,23 +99,11 @@ def two_processes(fuse_ok, tmp_path, request) -> Iterator[Callable[..., MountedD
 
 def _worker_pids(daemon: MountedDaemon) -> list[int]:
     """The workers: the zygote's children (the zygote is the main process's only child)."""
-    return [pid for zygote in _children(daemon.pid) for pid in _children(zygote)]
-
-
-def _read(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _check_small_files(root: Path, names: list[str], readers: int = 8) -> None:
-    with ThreadPoolExecutor(readers) as pool:
-        contents = list(pool.map(lambda name: _read(root / name), names))
-    wrong = [
-        name
-        for name, got in zip(names, contents, strict=True)
-        if got != expected_bytes(DATASET, name, 0, DATASET.small_size)
-    ]
-    assert wrong == []
+    try:
+        zygotes = psutil.Process(daemon.pid).children()
+        return [worker.pid for zygote in zygotes for worker in zygote.children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _check_large_file(root: Path) -> None:
@@ -139,7 +116,8 @@ def _check_large_file(root: Path) -> None:
 
 
 def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> None:
-    daemon = two_processes()
+    port = free_port()
+    daemon = two_processes(DATASET_MOUNT_METRICS_ADDR=f"127.0.0.1:{port}")
     root = daemon.mountpoint
     _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
     listed = sorted(
@@ -150,7 +128,7 @@ def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> No
     assert listed == sorted(DATASET.name(i) for i in range(DATASET.files))
     names = list(SMALL)
     random.Random(2).shuffle(names)
-    _check_small_files(root, names)
+    assert wrong_files(root, DATASET, names, readers=8) == []
     _check_large_file(root)
 
     # the socket's figures are every process's: the bytes served add up to what was read
@@ -159,7 +137,9 @@ def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> No
     def summed() -> bool:
         return daemon_stats(daemon)["blocks"]["bytes_served"] == read
 
-    _wait_for(summed, f"stats summing to the {read} bytes read")  # published once a second
+    _wait_for(summed, f"stats summing to the {read} bytes read")
+    # the metrics endpoint serves the same sums (Prometheus scrapes the main process only)
+    assert scrape(port)[("blobmount_read_bytes_total", ())] == read
     worker = _worker_pids(daemon)[0]
     assert Path(f"/dev/shm/{_shared_folders(daemon.pid)[0].name}/stats-{worker}.json").exists()
 
@@ -183,7 +163,7 @@ def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
         while not stop.is_set():
             name = rng.choice(SMALL)
             try:
-                got = _read(root / name)
+                got = read_whole(root / name)
             except OSError as exc:  # a request the killed worker held
                 errors.append(exc)
                 continue
@@ -209,7 +189,7 @@ def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
     assert wrong == []
     assert all(exc.errno in (errno.EIO, errno.ECONNABORTED, errno.EINTR) for exc in errors)
     assert re.search(r"worker 1 \(pid \d+\) died", daemon.log())
-    _check_small_files(root, SMALL)  # usable, with every byte right
+    assert wrong_files(root, DATASET, SMALL, readers=8) == []  # usable, every byte right
 
 
 def test_a_killed_main_process_leaves_no_worker(two_processes) -> None:
@@ -239,7 +219,7 @@ def test_the_memory_settings_bound_the_whole_tree(two_processes) -> None:
         DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false",
     )
     _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    baseline = sum(_rss(pid) for pid in _tree(daemon.pid))
+    baseline = sum(psutil.Process(pid).memory_info().rss for pid in _tree(daemon.pid))
     for _ in range(2):
         _check_large_file(daemon.mountpoint)
         subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
@@ -248,14 +228,6 @@ def test_the_memory_settings_bound_the_whole_tree(two_processes) -> None:
     assert 0 < ram["used_bytes"] <= budget
     # each process holds its share of the RAM tier and of the read-ahead budget, plus Python's
     # own allocations (arenas freed in the middle are not always given back)
-    grown = sum(_rss(pid) for pid in _tree(daemon.pid)) - baseline
+    grown = sum(psutil.Process(pid).memory_info().rss for pid in _tree(daemon.pid)) - baseline
     assert grown <= budget + 16 * MiB + 64 * MiB, f"the tree grew by {grown / MiB:.0f} MiB"
     print(f"\nthe tree grew by {grown / MiB:.0f} MiB reading {DATASET.large_size // MiB} MiB twice")
-
-
-def _rss(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
