@@ -33,6 +33,7 @@ from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.wholefile import entries as wholefile_entries
 from blobmount.wholefile.cache import WholeFileConfig, WholeFileStats, open_whole_file_cache
+from blobmount.wholefile.fetch import md5_keeping_gil
 from blobmount.wholefile.writer import EntryWrite, EntryWriter
 
 MiB = 1024 * 1024
@@ -301,9 +302,11 @@ async def test_a_new_version_replaces_the_old_copy(tmp_path):
         copy = await cache.open(new)
         assert await read_all(cache, copy) == b"two" * 2000
         with trio.fail_after(5):
+            # both entries are written in the background (the old one maybe before the new
+            # version was seen, then removed)
+            await cache.writer.settled()
             while cache.path(old).exists():
                 await trio.sleep(0.01)
-            await cache.writer.settled()  # the new copy's entry is written in the background
         assert [p.name for p in entries(tmp_path)] == [cache.path(new).name]
 
 
@@ -681,46 +684,52 @@ async def test_a_cold_open_does_not_look_on_disk_for_what_was_never_cached(tmp_p
         assert requests(storage)[2] == before[2] + 1
 
 
-# -- deferred writes (EntryWriter.defer) ---------------------------------------------------------
+@pytest.mark.parametrize("size", [0, 1, 2046, 2047, 2048, 4094, 25_000, 256 * 1024])
+def test_the_hash_fed_in_pieces_is_md5(size):
+    data = pattern_bytes("md5", 0, size)
+    assert md5_keeping_gil(data) == hashlib.md5(data).digest()
 
 
-async def _deferring_writer(tmp_path: Path, nursery: trio.Nursery):
-    landed: list[EntryWrite] = []
-    # a deferral long enough that only a kick (or settled) can end it within the test
-    writer = EntryWriter(trio.CapacityLimiter(1), landed.append, defer_max_s=3600)
-    nursery.start_soon(writer.run)
-    item = EntryWrite(os.fspath(tmp_path / "entry"), b"bytes" * 100)
-    writer.defer(item)
-    await trio.testing.wait_all_tasks_blocked()
-    return writer, item, landed
+# -- the entry writer's thread (EntryWriter) ------------------------------------------------------
 
 
-async def test_a_deferred_write_waits_for_the_next_get(tmp_path):
+async def test_entries_are_written_off_the_trio_thread_and_land_on_it(tmp_path):
+    trio_thread = threading.get_ident()
+    landed: list[tuple[EntryWrite, int]] = []
+    writer = EntryWriter(lambda item: landed.append((item, threading.get_ident())))
+    items = [EntryWrite(os.fspath(tmp_path / f"e{i}"), b"x" * i) for i in range(200)]
     async with trio.open_nursery() as nursery:
-        writer, item, landed = await _deferring_writer(tmp_path, nursery)
+        nursery.start_soon(writer.run)
+        for item in items:
+            writer.submit(item)
         assert writer.busy
-        assert landed == []
-        assert not (tmp_path / "entry").exists()  # not written while nothing else happens
-        writer.kick()  # a GET was handed to storage: the write overlaps it
-        with trio.fail_after(5):
-            while not landed:  # (not `settled`: waiting for that would write it anyway)
-                await trio.sleep(0.01)
-        assert landed == [item]
-        assert item.outcome == "written"
-        assert (tmp_path / "entry").read_bytes() == b"bytes" * 100
+        with trio.fail_after(10):
+            await writer.settled()
         assert not writer.busy
         nursery.cancel_scope.cancel()
+    assert [item for item, _ in landed] == items  # each once, in order
+    assert {thread for _, thread in landed} == {trio_thread}
+    assert all(item.outcome == "written" for item in items)
+    assert all((tmp_path / f"e{i}").read_bytes() == b"x" * i for i in range(200))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"e{i}" for i in range(200))
 
 
-async def test_settled_and_unmount_write_deferred_entries(tmp_path):
+async def test_unmount_writes_what_is_queued_and_a_failure_lands_too(tmp_path):
+    landed: list[EntryWrite] = []
+    writer = EntryWriter(landed.append)
+    kept = EntryWrite(os.fspath(tmp_path / "kept"), b"two")
+    failing = EntryWrite(os.fspath(tmp_path / "not-a-folder" / "x" / "entry"), b"three")
+    (tmp_path / "not-a-folder").write_bytes(b"")  # its fan-out folder cannot be made
+    cancelled = EntryWrite(os.fspath(tmp_path / "cancelled"), b"four", cancelled=True)
     async with trio.open_nursery() as nursery:
-        writer, item, landed = await _deferring_writer(tmp_path, nursery)
-        with trio.fail_after(5):
-            await writer.settled()  # waiting for it is reason enough to write it now
-        assert item.outcome == "written"
-        second = EntryWrite(os.fspath(tmp_path / "second"), b"two")
-        writer.defer(second)
-        nursery.cancel_scope.cancel()  # unmount: what is deferred is still written
-    assert second.outcome == "written"
-    assert (tmp_path / "second").read_bytes() == b"two"
-    assert landed == [item, second]
+        nursery.start_soon(writer.run)
+        await trio.testing.wait_all_tasks_blocked()
+        for item in (kept, failing, cancelled):
+            writer.submit(item)
+        nursery.cancel_scope.cancel()  # unmount: what is queued is still written
+    assert landed == [kept, failing, cancelled]
+    assert (kept.outcome, failing.outcome, cancelled.outcome) == ("written", "failed", "skipped")
+    assert isinstance(failing.error, OSError)
+    assert (tmp_path / "kept").read_bytes() == b"two"
+    assert not (tmp_path / "cancelled").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "not-a-folder"]

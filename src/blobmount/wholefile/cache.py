@@ -11,11 +11,9 @@ the first GET's answer, pinned to the version, also gives the blob's size and Co
 sizes, three paths:
 
 - up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, checked, and the opens waiting
-  for it are answered at once from those bytes; only then is the entry written and renamed
-  (`writer`): in a worker thread while other downloads or writes are in flight, else on the
-  trio thread during the next download's GET (a thread hop costs more than writing a small
-  file to the page cache, but doing it at once would hold up the reader's next request). The
-  transfer slot is held until the write lands, so bytes waiting for the disk stay within
+  for it are answered at once from those bytes; only then is the entry written and renamed, by
+  the writer's own thread (`writer`), off the FUSE loop's thread. The transfer slot is held
+  until the write lands, so bytes waiting for the disk stay within
   `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is short), so a file
   read once is cached.
 - up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
@@ -61,7 +59,7 @@ from cachetools import LRUCache
 
 from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate
 from blobmount.blocks.keys import BlobVersion
-from blobmount.cachedir.layout import CacheLayout, temporary_path
+from blobmount.cachedir.layout import CacheLayout, entry_in, temporary_path
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
@@ -188,6 +186,8 @@ class WholeFileCache:
         self.layout = layout
         self._storage = storage
         self._alloc_unit = alloc_unit
+        #: the location's folder (its name is a hash: computed once, not at every open)
+        self._folder = layout.location_dir(KIND, location)
         self._nursery = nursery
         self.pruner = Pruner(
             layout,
@@ -208,7 +208,7 @@ class WholeFileCache:
         #: which entries may be on disk (`presence`): a cold open skips looking
         self._present = PresenceFilter()
         #: writes the entries of copies fetched into memory (its `run` is the cache's task)
-        self.writer = EntryWriter(self._io_limiter, self._write_landed)
+        self.writer = EntryWriter(self._write_landed)
         self._writes: dict[Path, EntryWrite] = {}
         self._open: dict[Path, LocalCopy] = {}
         self._downloads: dict[Path, _Download] = {}
@@ -230,7 +230,7 @@ class WholeFileCache:
         self.served_bytes = 0
 
     def path(self, version: BlobVersion) -> Path:
-        return self.layout.entry_path(KIND, self.location, (version.name, version.etag))
+        return entry_in(self._folder, (version.name, version.etag))
 
     def _in_use(self, path: Path) -> bool:
         # called by the pruner from a worker thread; set membership is atomic under the GIL
@@ -313,7 +313,7 @@ class WholeFileCache:
 
     async def learn_present(self) -> None:
         """Scan the location's folder once for entries of earlier mounts (`presence`)."""
-        folder = self.layout.location_dir(KIND, self.location)
+        folder = self._folder
         try:
             found = await trio.to_thread.run_sync(scan_folder, folder, limiter=self._io_limiter)
         except OSError as exc:
@@ -485,7 +485,6 @@ class WholeFileCache:
         gives back the room and the slot taken here)."""
         estimate, slot = await self._reserve(version, path)
         try:
-            self.writer.kick()  # the previous file's deferred write overlaps this GET
             # checked before any open gets the bytes: a reader never sees unverified data
             data, _ = await fetch_whole(self._storage, version, self._in_thread)
         except BaseException:
@@ -506,11 +505,7 @@ class WholeFileCache:
         write = EntryWrite(os.fspath(path), data)  # checked above
         write.owner = _PendingWrite(copy, version, estimate, slot)
         self._writes[path] = write
-        if self.writer.busy or len(self._downloads) > 1:
-            self.writer.submit(write)
-        else:
-            # alone: written on this thread during the next GET (`EntryWriter.defer`)
-            self.writer.defer(write)
+        self.writer.submit(write)
         return copy
 
     def _write_landed(self, write: EntryWrite) -> None:
@@ -551,7 +546,6 @@ class WholeFileCache:
         written = 0
         free: int | None = None
         try:
-            self.writer.kick()
             data, _ = await fetch_whole(self._storage, version, self._in_thread)
             fd, written, free = await self._in_thread(entries.write_entry, os.fspath(path), data)
         except OSError as exc:
@@ -573,7 +567,6 @@ class WholeFileCache:
         free: int | None = None
         try:
             await self._in_thread(entries.make_folder, path.parent)
-            self.writer.kick()
             await fetch_parts(
                 self._storage,
                 version,

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 #: go of the GIL there), below it the thread hop costs more than the hash
 INLINE_HASH_BYTES = 256 * 1024
 
+#: hashlib lets go of the GIL while it hashes this many bytes or more at once (CPython's
+#: HASHLIB_GIL_MINSIZE); below it, it keeps the GIL
+_GIL_KEPT_BYTES = 2047
+
 #: runs a blocking call in a worker thread and returns its result
 RunInThread = Callable[..., Awaitable[Any]]
 
@@ -71,7 +75,7 @@ async def fetch_whole(
         raise TransferError(f"{version.name}: short read: {len(data)} of {props.size} bytes")
     if props.content_md5 is not None:
         if len(data) <= INLINE_HASH_BYTES:
-            digest = hashlib.md5(data).digest()
+            digest = md5_keeping_gil(data)
         else:
             digest = await run(_md5_digest, data)
         _check_md5(version.name, props.content_md5, digest)
@@ -80,6 +84,19 @@ async def fetch_whole(
 
 def _md5_digest(data: bytes) -> bytes:
     return hashlib.md5(data).digest()
+
+
+def md5_keeping_gil(data: bytes) -> bytes:
+    """MD5 of `data` on the calling thread without letting go of the GIL. One `md5(data)` of a
+    25 KB file lets go of it, the storage client's loop thread takes it, and the trio thread
+    then waits to get it back: 0.17 ms per file measured (py-spy, one reader), against 0.035
+    ms for the hash. Fed in pieces below hashlib's threshold, it costs 5% more CPU and no wait.
+    """
+    digest = hashlib.md5()
+    view = memoryview(data)
+    for start in range(0, len(view), _GIL_KEPT_BYTES):
+        digest.update(view[start : start + _GIL_KEPT_BYTES])
+    return digest.digest()
 
 
 async def fetch_parts(

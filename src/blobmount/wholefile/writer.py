@@ -1,46 +1,40 @@
 """The whole-file cache's background writer: small copies fetched into memory are written to
-their entries, checked, either in a worker thread (a batch per thread hop) or on the trio thread
-while it would otherwise wait for the network.
+their entries by one thread of its own, off the trio thread.
 
-Why a thread and batches: the FUSE loop's thread was the bottleneck of small-file reads, and
-every system call made on it lets the storage client's loop thread take the GIL, for up to the
-interpreter's switch interval (measured: a cold 25 KB file spent about 0.5 ms of that thread's
-time in the Content-MD5 check, the temporary's creation, write and rename, done in place). A
-thread hop per file costs about 90 µs of CPU; a batch shares one hop among the files whose
-writes are waiting, which under load is most of them.
-
-When nothing else is being fetched or written (one reader, say), the hop would cost more than it
-saves, so the write is deferred (`defer`) and done on the trio thread, but not at once: creating,
-writing and renaming a file takes 0.2-0.3 ms of that thread's time, and a reader that has just
-been answered sends its next request (read, close, the next open) right away, which would wait
-for it. A deferred write is done once the next download has handed its GET to the storage client
-(`kick`) and the trio thread has nothing else to run: it then overlaps that GET's round trip. If
-no GET comes, it is done after `DEFER_MAX_S`, or at once when someone waits for `settled()`.
+Why its own thread, and not the trio thread or a `trio.to_thread` hop per write: creating,
+writing, closing and renaming a small file is four system calls, and each one releases the GIL.
+Done on the trio thread, every release let the storage client's loop thread take the GIL, so
+writing a 25 KB entry held up the FUSE loop for 0.3-0.4 ms (measured with py-spy, one reader:
+the calls themselves take 0.04 ms), and one reader's files/s fell to 0.7x block mode's. A
+`trio.to_thread` hop per write costs about 90 µs of the trio thread's CPU. Here the trio thread
+only appends to a queue; the thread takes every write waiting (up to `MAX_BATCH`), writes them,
+and hands the batch back in one `run_sync_soon`, so under load one wakeup lands many writes.
 
 The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
 so an entry is only ever written from checked bytes, through a temporary renamed into place
-(`entries.put_entry`). `settled()` waits until every write submitted or deferred so far has
-landed.
+(`entries.put_entry`). `settled()` waits until every write submitted so far has landed; at
+unmount, what is queued is still written (each write is short).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
-import trio.testing
 
 from blobmount.wholefile import entries
 
 log = logging.getLogger(__name__)
 
-#: writes handed to one thread call at most (bounds how long a batch holds its thread)
+#: writes taken by the thread at once at most (bounds how long a batch waits to land)
 MAX_BATCH = 64
-#: a deferred write waits at most this long for the next GET, then at most as long again for a
-#: moment when the trio thread has nothing else to run
-DEFER_MAX_S = 0.005
+
+#: tells the thread to stop (after the writes queued before it)
+_STOP = object()
 
 
 @dataclass(slots=True)
@@ -59,7 +53,7 @@ class EntryWrite:
 
 
 def write_batch(batch: list[EntryWrite]) -> None:
-    """(worker thread) Write each entry of `batch`, setting its outcome."""
+    """(writer thread) Write each entry of `batch`, setting its outcome."""
     for item in batch:
         if item.cancelled:
             item.outcome = "skipped"
@@ -73,125 +67,80 @@ def write_batch(batch: list[EntryWrite]) -> None:
 
 
 class EntryWriter:
-    """Writes entries: `submit`ted ones by `write_batch` in worker threads (`limiter`),
-    `defer`red ones on the trio thread (see the module docstring). `landed(item)` is called on
-    the trio thread for each item once it is done. `run` is the writer's task."""
+    """Writes `submit`ted entries in a thread of its own (see the module docstring);
+    `landed(item)` is called on the trio thread for each once it is done. `run` is the writer's
+    task: it starts the thread and, when cancelled, lets it write what is queued and stop."""
 
-    def __init__(
-        self,
-        limiter: trio.CapacityLimiter,
-        landed: Callable[[EntryWrite], None],
-        *,
-        defer_max_s: float = DEFER_MAX_S,
-    ) -> None:
-        self._limiter = limiter
+    def __init__(self, landed: Callable[[EntryWrite], None]) -> None:
         self._landed = landed
-        self._defer_max_s = defer_max_s
-        self._queue: list[EntryWrite] = []
-        self._wake = trio.Event()
-        self._deferred: list[EntryWrite] = []
-        self._deferred_wake = trio.Event()
-        #: set when a GET has just been handed to storage (or someone waits for `settled`)
-        self._go = trio.Event()
-        self._in_flight = 0
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        #: submitted and not yet landed
+        self._pending = 0
         self._idle = trio.Event()
         self._idle.set()
 
     @property
     def busy(self) -> bool:
-        """Writes are queued, deferred or in flight."""
-        return bool(self._queue or self._deferred or self._in_flight)
+        """Writes are queued or being written."""
+        return self._pending > 0
 
     def submit(self, item: EntryWrite) -> None:
-        """Queue `item` for the next batch in a worker thread."""
-        self._queue.append(item)
-        self._not_idle()
-        self._wake.set()
-
-    def defer(self, item: EntryWrite) -> None:
-        """Write `item` on the trio thread while it waits for the next GET (or soon anyway):
-        for when nothing else is being fetched or written, and nobody waits for the write."""
-        self._deferred.append(item)
-        self._not_idle()
-        self._deferred_wake.set()
-
-    def kick(self) -> None:
-        """(called just before a GET is handed to storage) Deferred writes go now: the trio
-        thread is about to wait for the network."""
-        if self._deferred:
-            self._go.set()
-
-    def _not_idle(self) -> None:
+        """(trio thread) Queue `item`; it is written soon, in the writer's thread."""
         if self._idle.is_set():
             self._idle = trio.Event()
-
-    def _idle_if_done(self) -> None:
-        if not self._queue and not self._deferred and not self._in_flight:
-            self._idle.set()
+        self._pending += 1
+        self._queue.put(item)
 
     async def settled(self) -> None:
-        """Wait until every write submitted or deferred so far has landed."""
-        self.kick()
+        """Wait until every write submitted so far has landed."""
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Write until cancelled; then write what is still queued or deferred (shielded: the
-        bytes are checked and here, and each write is short)."""
+        token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(
+            target=self._thread_main, args=(token,), name="blobmount-cache-writer", daemon=True
+        )
+        thread.start()
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_batches)
-                nursery.start_soon(self._run_deferred)
+            await trio.sleep_forever()
         finally:
             with trio.CancelScope(shield=True):
-                self._write_deferred()
-                await self._write_queued()
+                await self.settled()
+                self._queue.put(_STOP)
+                await trio.to_thread.run_sync(thread.join)
 
-    async def _run_batches(self) -> None:
+    def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            await self._write_queued()
-
-    async def _run_deferred(self) -> None:
-        while True:
-            await self._deferred_wake.wait()
-            self._deferred_wake = trio.Event()
-            with trio.move_on_after(self._defer_max_s):
-                await self._go.wait()
-            self._go = trio.Event()
-            # the kick comes before the GET's own checkpoints: let its task reach the bridge
-            # (and every other runnable task run) before taking the thread
-            with trio.move_on_after(self._defer_max_s):
-                await trio.testing.wait_all_tasks_blocked()
-            self._write_deferred()
-
-    def _write_deferred(self) -> None:
-        """(trio thread) Write every deferred item here and now."""
-        while self._deferred:
-            batch, self._deferred = self._deferred, []
-            self._in_flight += len(batch)
-            try:
-                write_batch(batch)
-            finally:
-                self._in_flight -= len(batch)
-                self._land(batch)
-        self._idle_if_done()
-
-    async def _write_queued(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            self._in_flight += len(batch)
-            try:
-                # a batch taken is written whole, even at unmount
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(write_batch, batch, limiter=self._limiter)
-            finally:
-                self._in_flight -= len(batch)
-                self._land(batch)
-        self._idle_if_done()
+            batch: list[EntryWrite] = []
+            stop = False
+            item = self._queue.get()
+            while True:
+                if item is _STOP:
+                    stop = True
+                else:
+                    assert isinstance(item, EntryWrite)
+                    batch.append(item)
+                if stop or len(batch) >= MAX_BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                try:
+                    write_batch(batch)
+                except Exception:  # a bug: land the batch (as skipped) rather than hang
+                    log.exception("whole-file cache: the entry writer failed")
+                token.run_sync_soon(self._land, batch)
+            if stop:
+                return
 
     def _land(self, batch: list[EntryWrite]) -> None:
+        """(trio thread) A batch is done: tell the cache about each write."""
         for item in batch:
             if not item.outcome:
-                item.outcome = "skipped"  # never written (the thread never ran, or it failed)
+                item.outcome = "skipped"  # never written (the thread failed)
+            self._pending -= 1
             self._landed(item)
+        if self._pending == 0:
+            self._idle.set()
