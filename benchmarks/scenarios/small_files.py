@@ -53,7 +53,8 @@ class SmallFiles(MountScenario):
     settings_note = (
         "seed: disk cache off, memory cache 0 (block cache on); blobmount-whole-file: the same "
         "in whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false, disk cache default); "
-        "-1r, -4r: read by 1 and 4 threads (a DataLoader worker reads with one)"
+        "-1r, -4r: read by 1 and 4 threads (a DataLoader worker reads with one); ceiling-1r, "
+        "-4r: the ceiling's GETs 1 and 4 at a time"
     )
     threads = THREADS
     whole_file_rows = True
@@ -83,7 +84,18 @@ class SmallFiles(MountScenario):
                     CEILING_CONCURRENCY,
                     f"AzureStorageClient, one GET per file (names and ETags known), "
                     f"{CEILING_CONCURRENCY} at once, into memory{late}",
-                )
+                ),
+                # what the -1r/-4r rows would get with no mount: their time per file beyond
+                # these is the mount's own latency
+                **{
+                    f"ceiling-{n}r": CeilingPlan(
+                        (gets,),
+                        n,
+                        f"diagnostic: the ceiling's GETs {n} at a time, as {n} reader"
+                        f"{'s' if n > 1 else ''} with no mount would fetch them{late}",
+                    )
+                    for n in self.reader_rows
+                },
             },
         )
 

@@ -1,0 +1,136 @@
+"""Block mode against whole-file mode on cold small files, rounds alternated (issue #29).
+
+    python benchmarks/modes_ab.py [--files N] [--rounds R] [--readers T] [--old-src SRC]
+                                  [--cache-root DIR]
+
+The benchmark's small-file dataset (N files, 20-30 KB) sits in one Azurite. Each round mounts
+it afresh once per system, with an empty cache: `block` (scenario 3's settings: no disk cache,
+RAM tier 0), `whole` (the same in whole-file mode), and with `--old-src` also `whole-old`, the
+whole-file mode of another `src` folder (a before/after of a change). The systems take turns in
+alternating order (a, b, c, c, b, a, ...); each round reads 100 files to settle the mount, drops
+the kernel's caches, then reads the rest once in a shuffled order with T threads, every byte
+checked. Reported per round and as medians: files/s and the daemon tree's user and system CPU
+per file.
+
+Why not `run.py`: a few percent is smaller than this VM's drift between two runs (a pair of
+runs once put whole-file mode with one reader at 0.97 of block mode, the next run at 0.81);
+alternated rounds on one Azurite see the same machine. `--cache-root` puts the cache folders on
+another file system (docs/BENCHMARKING.md: on ext4 without a journal, file creation after mass
+deletions is slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import psutil
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+for _path in (str(REPO), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from ab import RUN_TIMEOUT_S, plan  # noqa: E402
+from scenarios.blobmount_system import BlobmountSystem  # noqa: E402
+from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
+from scenarios.measure import drop_kernel_caches  # noqa: E402
+from scenarios.mounted import MountedDaemon  # noqa: E402
+from scenarios.plans import QUICK  # noqa: E402
+from scenarios.readers import read_through_mount  # noqa: E402
+from scenarios.small_files import SmallFiles  # noqa: E402
+from scenarios.verify import new_buffer, verify_mount_reads  # noqa: E402
+
+#: files read before the timed part of a round (the folder listings, the first connections)
+SETTLE_FILES = 100
+
+
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and its descendants."""
+    root = psutil.Process(pid)
+    times = [root.cpu_times()] + [child.cpu_times() for child in root.children(recursive=True)]
+    return sum(t.user for t in times), sum(t.system for t in times)
+
+
+def one_round(
+    daemon: MountedDaemon, files: ManyFiles, order: list[int], readers: int
+) -> tuple[float, float, float]:
+    """Read `order` through a fresh mount: (files/s, user ms per file, system ms per file)."""
+    settle = plan(files, order[:SETTLE_FILES], readers)
+    read_through_mount(
+        daemon.mountpoint, list(settle.jobs), readers, new_buffer(files.total_bytes), RUN_TIMEOUT_S
+    )
+    timed = order[SETTLE_FILES:]
+    run = plan(files, timed, readers)
+    buf = new_buffer(files.total_bytes)
+    drop_kernel_caches()
+    user0, sys0 = tree_cpu(daemon.pid)
+    started = time.perf_counter()
+    read_through_mount(daemon.mountpoint, list(run.jobs), readers, buf, RUN_TIMEOUT_S)
+    wall = time.perf_counter() - started
+    user1, sys1 = tree_cpu(daemon.pid)
+    wrong = verify_mount_reads(run, buf, files.source)
+    if wrong is not None:
+        raise RuntimeError(f"wrong bytes read through the mount: {wrong}")
+    n = len(timed)
+    return n / wall, 1000 * (user1 - user0) / n, 1000 * (sys1 - sys0) / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--readers", type=int, default=1)
+    parser.add_argument("--old-src", type=Path, help="also whole-file mode of this src folder")
+    parser.add_argument("--cache-root", type=Path, help="make the cache folders in here")
+    args = parser.parse_args(argv)
+    if args.files <= SETTLE_FILES:
+        parser.error(f"--files must be more than {SETTLE_FILES}")
+    systems = {"block": BlobmountSystem(), "whole": BlobmountSystem(whole_file=True)}
+    sources: dict[str, Path] = {}
+    if args.old_src:
+        if not (args.old_src / "blobmount" / "__init__.py").is_file():
+            parser.error(f"{args.old_src} is not a src folder with blobmount in it")
+        systems["whole-old"] = BlobmountSystem(whole_file=True)
+        sources["whole-old"] = args.old_src.resolve()
+    results: dict[str, list[tuple[float, float, float]]] = {tag: [] for tag in systems}
+    with ExitStack() as stack:
+        datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
+        stack.callback(datasets.close)
+        files = datasets.small()
+        order = list(range(len(files.names)))
+        random.Random(1).shuffle(order)
+        for r in range(args.rounds):
+            for tag in list(systems) if r % 2 == 0 else list(systems)[::-1]:
+                with tempfile.TemporaryDirectory(prefix="bm-modes-", dir=args.cache_root) as work:
+                    daemon = systems[tag].daemon(files.store, SmallFiles(), Path(work))
+                    if tag in sources:
+                        daemon.env["PYTHONPATH"] = str(sources[tag])
+                    with daemon:
+                        rate, user, system = one_round(daemon, files, order, args.readers)
+                results[tag].append((rate, user, system))
+                print(
+                    f"round {r} {tag}: {rate:6.0f} files/s, CPU user {user:.3f} "
+                    f"system {system:.3f} ms/file",
+                    flush=True,
+                )
+    block_rate = statistics.median(row[0] for row in results["block"])
+    for tag, rows in results.items():
+        rate, user, system = (statistics.median(row[i] for row in rows) for i in range(3))
+        print(
+            f"{tag}: median {rate:.0f} files/s ({rate / block_rate:.2f} of block), CPU user "
+            f"{user:.3f} system {system:.3f} ms/file"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
