@@ -37,6 +37,14 @@ def store():
     return mem
 
 
+async def d_bin_in_one(nursery, mem, shared):
+    """Two filesystems on `shared`, and the inode of a/d.bin as the first looked it up."""
+    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
+    a = await one.lookup(ROOT_INODE, "a")
+    d = await one.lookup(a.inode, "d.bin")
+    return one, two, d.inode
+
+
 async def test_an_inode_handed_out_by_one_is_resolved_by_the_other(nursery, shared):
     mem = store()
     one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
@@ -52,11 +60,8 @@ async def test_an_inode_handed_out_by_one_is_resolved_by_the_other(nursery, shar
 
 
 async def test_a_handle_is_read_and_released_in_the_other(nursery, shared):
-    mem = store()
-    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
-    a = await one.lookup(ROOT_INODE, "a")
-    d = await one.lookup(a.inode, "d.bin")
-    opened = await one.open(d.inode, 0)
+    one, two, d_inode = await d_bin_in_one(nursery, store(), shared)
+    opened = await one.open(d_inode, 0)
     assert await two.read(opened.fh, 0, 100) == b"d" * 10
     two.release(opened.fh)
     with pytest.raises(FsError) as info:
@@ -66,25 +71,23 @@ async def test_a_handle_is_read_and_released_in_the_other(nursery, shared):
     # second, at its next release)
     assert one.open_files == 1
     one._last_sweep = -1e9
-    other = await one.open(d.inode, 0)
+    other = await one.open(d_inode, 0)
     one.release(other.fh)
     assert one.open_files == 0
 
 
 async def test_a_handle_read_in_the_other_keeps_its_version(nursery, shared):
     mem = store()
-    one, two = make_fs(nursery, mem, shared), make_fs(nursery, mem, shared)
-    a = await one.lookup(ROOT_INODE, "a")
-    d = await one.lookup(a.inode, "d.bin")
-    old = await one.open(d.inode, 0)
+    one, two, d_inode = await d_bin_in_one(nursery, mem, shared)
+    old = await one.open(d_inode, 0)
     mem.put("a/d.bin", b"new" * 5)  # the blob changes while the handle is open
     # two is pinned to the handle's version: the store no longer has it, so EIO, never new bytes
     with pytest.raises(BlobChanged):
         await two.read(old.fh, 0, 100)
     # a new open sees the new version, in either, and bypasses the page cache while the old
     # version is open in the other process
-    await two._refresh(two.inodes.get(d.inode))  # (attributes never expire here)
-    new = await two.open(d.inode, 0)
+    await two._refresh(two.inodes.get(d_inode))  # (attributes never expire here)
+    new = await two.open(d_inode, 0)
     assert new.direct_io
     assert not new.keep_cache
     assert await one.read(new.fh, 0, 100) == b"new" * 5

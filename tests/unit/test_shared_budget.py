@@ -121,16 +121,23 @@ def test_rebase_keeps_the_reservations_and_counts_what_others_settled_meanwhile(
         wait(pid)
 
 
-def test_a_killed_process_reservations_come_back(counters):
+def reserving_process(counters: SharedBudgetCounters, size: int, capacity: int) -> int:
+    """The pid of a forked process that has reserved `size` bytes and holds them until it is
+    killed."""
     answer_read, answer_write = os.pipe()
 
-    def doomed() -> None:
-        assert counters.try_reserve(600, 1000)
+    def holder() -> None:
+        assert counters.try_reserve(size, capacity)
         say(answer_write, "reserved")
         time.sleep(WAIT_S)
 
-    pid = fork(doomed)
-    word(answer_read)
+    pid = fork(holder)
+    assert word(answer_read) == "reserved"
+    return pid
+
+
+def test_a_killed_process_reservations_come_back(counters):
+    pid = reserving_process(counters, 600, 1000)
     assert counters.try_reserve(300, 1000)
     assert not counters.try_reserve(101, 1000)  # 600 of the other process + 300 + 101
     os.kill(pid, signal.SIGKILL)
@@ -205,16 +212,8 @@ def test_pruner_reports_this_process_reservations_and_takes_the_shared_budget(tm
         CacheLayout(tmp_path / "c"), PrunerConfig(space(10_000)), shared_budget=counters
     )
     pruner.budget.rebase(0, 0, 100_000)
-    answer_read, answer_write = os.pipe()
-
-    def other() -> None:
-        assert counters.try_reserve(4000, 10_000)
-        say(answer_write, "reserved")
-        time.sleep(WAIT_S)
-
-    pid = fork(other)
+    pid = reserving_process(counters, 4000, 10_000)
     try:
-        word(answer_read)
         assert pruner.budget.try_reserve(1000)
         stats = pruner.statistics()
         assert (stats.reserved_bytes, pruner.budget.reserved_bytes) == (1000, 5000)

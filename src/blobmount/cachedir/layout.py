@@ -274,9 +274,6 @@ class CacheLayout:
     def location_dir(self, kind: str, location: str) -> Path:
         return self.root / kind / location_id(location)
 
-    def entry_path(self, kind: str, location: str, parts: Sequence[str]) -> Path:
-        return entry_in(self.location_dir(kind, location), parts)
-
     def is_cache(self) -> bool:
         """True if the directory carries blobmount's CACHEDIR.TAG."""
         try:

@@ -368,16 +368,16 @@ class Pruner:
         )
 
     def statistics(self) -> PrunerStats:
-        budget = self.budget
-        capacity = budget.capacity()
+        capacity = self.budget.capacity()
+        figures = self.budget.figures()  # one read of a shared record, not three
         space = self.config.space
         return PrunerStats(
             capacity_bytes=capacity,
-            used_bytes=budget.used_bytes,
+            used_bytes=figures.used_bytes,
             # this process's own, also with a shared budget: the stats of a multi-process
             # mount sum it over the processes
-            reserved_bytes=budget.own_reserved_bytes,
-            entries=budget.entries,
+            reserved_bytes=figures.own_reserved_bytes,
+            entries=figures.entries,
             prune_start_bytes=prune_start_bytes(space, capacity),
             prune_goal_bytes=prune_goal_bytes(space, capacity),
             scans=self._scans,

@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from blobmount.cachedir.shared_budget import BudgetFigures
+
 if TYPE_CHECKING:
     from blobmount.cachedir.shared_budget import SettledMark, SharedBudgetCounters
 
@@ -189,30 +191,35 @@ class CacheBudget:
         if shared is not None:
             shared.attach()
 
+    def figures(self) -> BudgetFigures:
+        """Usage and writes in progress: this process's, or every process's when shared (one
+        read of the shared record)."""
+        if self.shared is None:
+            return BudgetFigures(self._used, self._entries, self._reserved, self._reserved)
+        return self.shared.read()
+
     @property
     def used_bytes(self) -> int:
-        return self._used if self.shared is None else self.shared.read().used_bytes
+        return self.figures().used_bytes
 
     @property
     def entries(self) -> int:
-        return self._entries if self.shared is None else self.shared.read().entries
+        return self.figures().entries
 
     @property
     def reserved_bytes(self) -> int:
         """Writes in progress, every process's when shared."""
-        return self._reserved if self.shared is None else self.shared.read().reserved_bytes
+        return self.figures().reserved_bytes
 
     @property
     def own_reserved_bytes(self) -> int:
         """This process's writes in progress (its share of `reserved_bytes`)."""
-        return self._reserved if self.shared is None else self.shared.read().own_reserved_bytes
+        return self.figures().own_reserved_bytes
 
     @property
     def others_reserved_bytes(self) -> int:
         """Other processes' writes in progress (0 when not shared)."""
-        if self.shared is None:
-            return 0
-        figures = self.shared.read()
+        figures = self.figures()
         return figures.reserved_bytes - figures.own_reserved_bytes
 
     @property
