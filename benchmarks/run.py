@@ -73,7 +73,8 @@ def _parser(names: list[str]) -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="run only these systems (repeatable): ceiling, ceiling-2MiB, blobmount, "
-        "blobmount-8MiB, blobmount-ram0, rclone-off, rclone-full, download",
+        "blobmount-8MiB, blobmount-ram0, rclone-off, rclone-full, download, and the variants "
+        "a scenario adds (blobmount-whole-file, blobmount-1r, rclone-off-4r, ...)",
     )
     parser.add_argument(
         "--out",

@@ -5,7 +5,6 @@ by a number of its own. Its counters come from `blobmount stats --json`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -15,12 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scenarios.base import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, Bench, Scenario, Workload
+from scenarios.base import FOREIGN_ENV, KEPT_NOTE, KEPT_SUFFIX, Scenario
 from scenarios.datasets import Store
 from scenarios.mount_system import MountSystem
 from scenarios.mounted import MountedDaemon
 from scenarios.readers import HintSource
-from scenarios.results import RunMetrics
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +82,6 @@ class BlobmountSystem(MountSystem):
     def settings(self, scenario: Scenario) -> dict[str, str]:
         mode = WHOLE_FILE_ENV if self.whole_file else {}
         return {**scenario.mount_env, **mode, **self.extra_env}
-
-    def _own_readers(self, workload: Workload) -> Workload:
-        """The workload, its mount plan read by `readers` threads when this system has its own
-        number."""
-        plan = workload.mount
-        if not self.readers or self.readers == plan.threads:
-            return workload
-        was = f"{plan.threads} threads"
-        now = f"{self.readers} thread{'s' if self.readers > 1 else ''}"
-        description = plan.description.replace(was, now, 1)
-        if description == plan.description:
-            description = f"{now}: {plan.description}"
-        mount = dataclasses.replace(plan, threads=self.readers, description=description)
-        return dataclasses.replace(workload, mount=mount)
-
-    def describe(self, workload: Workload) -> str:
-        return super().describe(self._own_readers(workload))
-
-    def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
-        return super().run_once(bench, scenario, self._own_readers(workload))
 
     def _env(self, store: Store, scenario: Scenario, work: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}

@@ -34,6 +34,8 @@ def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
         *([BlobmountSystem(keep_kernel_caches=True)] if kept else []),
         *([BlobmountSystem(keep_kernel_caches=True, whole_file=True)] if kept and whole else []),
         *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),
+        # the peer at the same few readers (issue #25 compares them with rclone's cache-off mount)
+        *(RcloneSystem("off", readers=n) for n in readers),
         *([RcloneSystem("full", keep_kernel_caches=True)] if kept else []),
     ]
 

@@ -8,7 +8,9 @@ by read after the clock stops (scenarios/verify.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import tempfile
 import time
 from abc import abstractmethod
@@ -31,6 +33,9 @@ class MountSystem(System):
     kind = "mount"
     #: True: the kernel's caches are dropped before the run only, not between its phases
     keeps_kernel_caches = False
+    #: read the scenario's mount plan with this many reader threads instead of its own number
+    #: (None: its own); a DataLoader worker reads with one
+    readers: int | None = None
 
     @abstractmethod
     def daemon(self, store: Store, scenario: Scenario, work: Path) -> MountedDaemon:
@@ -44,14 +49,34 @@ class MountSystem(System):
         """Read-order hints the readers send this mount (None: none)."""
         return None
 
+    def _own_readers(self, workload: Workload) -> Workload:
+        """The workload, its mount plan read by `readers` threads when this system has its own
+        number."""
+        plan = workload.mount
+        if not self.readers or self.readers == plan.threads:
+            return workload
+        was = f"{plan.threads} threads"
+        now = f"{self.readers} thread{'s' if self.readers > 1 else ''}"
+        description = plan.description.replace(was, now, 1)
+        if description == plan.description:
+            description = f"{now}: {plan.description}"
+        mount = dataclasses.replace(plan, threads=self.readers, description=description)
+        return dataclasses.replace(workload, mount=mount)
+
     def describe(self, workload: Workload) -> str:
+        workload = self._own_readers(workload)
         return f"{self.description}; {workload.mount.description}"
 
     def run_once(self, bench: Bench, scenario: Scenario, workload: Workload) -> RunMetrics:
+        workload = self._own_readers(workload)
         buf = new_buffer(workload.requested_bytes)
         work = Path(tempfile.mkdtemp(prefix="bmbench-"))
         run_no = len(list(bench.out_dir.glob(f"logs/{scenario.name}-{self.name}-*.log")))
-        daemon = self.daemon(workload.store, scenario, work)
+        try:
+            daemon = self.daemon(workload.store, scenario, work)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)  # the daemon removes it once it exists
+            raise
         daemon.log_copy = bench.out_dir / "logs" / f"{scenario.name}-{self.name}-{run_no}.log"
         spy: PySpy | None = None
         with daemon:

@@ -57,8 +57,12 @@ class RcloneSystem(MountSystem):
     """`rclone mount` of the store's container, read-only, fresh cache dir, with
     `--vfs-cache-mode <mode>`; every other option is rclone's default, as a user would run it."""
 
-    def __init__(self, cache_mode: str, keep_kernel_caches: bool = False) -> None:
-        self.name = f"rclone-{cache_mode}{KEPT_SUFFIX if keep_kernel_caches else ''}"
+    def __init__(
+        self, cache_mode: str, keep_kernel_caches: bool = False, readers: int | None = None
+    ) -> None:
+        name = f"rclone-{cache_mode}" + (f"-{readers}r" if readers else "")
+        self.name = f"{name}{KEPT_SUFFIX if keep_kernel_caches else ''}"
+        self.readers = readers
         self.keeps_kernel_caches = keep_kernel_caches
         self.cache_mode = cache_mode
         self.kind = "peer"

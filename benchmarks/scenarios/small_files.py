@@ -53,8 +53,8 @@ class SmallFiles(MountScenario):
     settings_note = (
         "seed: disk cache off, memory cache 0 (block cache on); blobmount-whole-file: the same "
         "in whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false, disk cache default); "
-        "-1r, -4r: read by 1 and 4 threads (a DataLoader worker reads with one); ceiling-1r, "
-        "-4r: the ceiling's GETs 1 and 4 at a time"
+        "-1r, -4r: read by 1 and 4 threads (a DataLoader worker reads with one), rclone-off "
+        "too; ceiling-1r, -4r: the ceiling's GETs 1 and 4 at a time"
     )
     threads = THREADS
     whole_file_rows = True

@@ -47,6 +47,7 @@ from blobmount.daemon import (
 )
 from blobmount.errors import BlobmountError, exit_status
 from blobmount.fs import wakeup
+from blobmount.fs.forward import ReadForwarder, ReadServer
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.fuse_processes import EXIT_CONNECTION_ENDED, Zygote, answer_init
 from blobmount.memory_limit import usable_memory_bytes
@@ -215,11 +216,19 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
     async with (
         open_storage(settings, mount.request.spec) as stack,
         open_mount(settings, mount.request.spec, stack, shared=mount.namespace) as parts,
+        trio.open_nursery() as forwarding,
     ):
+        # READs of this process's handles that land in another process come back here
+        server = ReadServer(mount.folder, index, parts.fs.read, wakeup.wake)
+        await forwarding.start(server.run)
+        forwarder = ReadForwarder(mount.folder, index, forwarding, wakeup.wake)
+        parts.fs.forwarder = forwarder
         mount.ops.fs = parts.fs
         try:
             yield parts
         finally:
+            forwarding.cancel_scope.cancel()
+            forwarder.close()
             log.info(
                 "process %d (pid %d): %d signals to wake a blocked read of the FUSE device",
                 index,

@@ -97,7 +97,10 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
         **dict.fromkeys(("throughput_bytes_per_s", "open_files", "inodes"), _G),
     },
     # inodes: entries of each process's own table (an inode two processes know counts twice)
-    NamespaceStats: dict.fromkeys(("inodes", "open_files", "open_dirs"), _G),
+    NamespaceStats: {
+        **dict.fromkeys(("inodes", "open_files", "open_dirs"), _G),
+        **dict.fromkeys(("forwarded_reads", "forward_failures"), _C),
+    },
     CatalogStats: {
         "mode": _M,
         **dict.fromkeys(("listings", "negative_entries"), _G),

@@ -32,6 +32,7 @@ from tests.helpers.bounds import SLACK_S, Limits, in_thread
 from tests.helpers.daemon_calls import stats, wait_for
 from tests.helpers.fault_proxy import ALL_KINDS, throttle
 from tests.helpers.mount import MountedDaemon
+from tests.helpers.single_process import FLOW_PER_PROCESS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -137,6 +138,7 @@ class Readers:
         return not any(thread.is_alive() for thread in self._threads)
 
 
+@FLOW_PER_PROCESS
 def test_an_outage_fails_reads_within_the_bound_then_at_once_and_the_mount_recovers(mounted, proxy):
     daemon = mounted
     read_bound_s = LIMITS.read_s(RETRY_AFTER_S)

@@ -149,6 +149,27 @@ def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> No
     assert _shared_folders(daemon.pid) == []
 
 
+def test_a_large_file_is_fetched_once_however_its_reads_are_spread(two_processes) -> None:
+    # no RAM tier and no disk tier: a block is held only by the read-ahead of the handle that
+    # fetched it, so a READ served by the process that did not open the file would fetch again
+    daemon = two_processes(
+        DATASET_MOUNT_MEMORY_CACHE_SIZE="0", DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false"
+    )
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    _check_large_file(daemon.mountpoint)
+    _wait_for(
+        lambda: daemon_stats(daemon)["blocks"]["bytes_served"] == DATASET.large_size,
+        "stats of every process",
+    )
+    stats = daemon_stats(daemon)
+    # the kernel spreads one reader's READs over both processes; the other passes its share
+    # to the opener, whose read-ahead fetched the block
+    assert stats["namespace"]["forwarded_reads"] > 0
+    assert stats["namespace"]["forward_failures"] == 0
+    fetched = stats["blocks"]["fetcher"]["fetched_bytes"]
+    assert DATASET.large_size <= fetched <= DATASET.large_size * 1.1, fetched
+
+
 def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
     daemon = two_processes()
     root = daemon.mountpoint

@@ -14,9 +14,16 @@ PROCESSES = int(os.environ.get("BLOBMOUNT_TEST_WORKER_PROCESSES") or 1)
 FETCHES_PER_PROCESS = pytest.mark.single_process(
     "each process fetches the blocks (and whole files) it serves: counts of GETs and bytes differ"
 )
-#: each process lists the folders it serves on its own
+#: each process lists the folders it serves on its own, when it first needs them: counts of
+#: list pages differ, and so do the views of a folder that changed between two processes'
+#: listings (a folder handle read in both can then repeat or miss an entry)
 LISTS_PER_PROCESS = pytest.mark.single_process(
-    "each process lists the folders it serves: counts of list pages differ"
+    "each process lists the folders it serves: counts of list pages, and views taken at "
+    "different times, differ"
+)
+#: each process has its own flow controller and breaker; the stats show the main process's
+FLOW_PER_PROCESS = pytest.mark.single_process(
+    "each process backs off on its own: the breaker state reported is the main process's"
 )
 #: the hints socket is the main process's: it prefetches into its own RAM tier
 HINTS_IN_MAIN = pytest.mark.single_process(

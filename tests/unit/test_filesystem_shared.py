@@ -4,6 +4,7 @@ may land in either, and a handle read in the other never mixes blob versions."""
 import errno
 
 import pytest
+import trio
 
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import BlobChanged
@@ -107,3 +108,47 @@ async def test_a_folder_handle_is_read_in_the_other(nursery, shared):
     two.releasedir(fh)
     with pytest.raises(FsError):
         await one.readdir(fh + (1 << 40), 0, lambda *args: True)
+
+
+async def test_a_large_files_handle_is_read_by_its_opener(nursery, shared, tmp_path):
+    """A file of several blocks read through the other filesystem is read by the opener (one
+    read-ahead, one fetch per block); a one-block file is read where the READ lands; with the
+    opener gone the other reads the pinned version itself."""
+    from blobmount.fs.forward import ReadForwarder, ReadServer
+    from blobmount.storage.counting import CountingStorageClient
+    from blobmount.testing.pattern import pattern_bytes
+
+    mem = store()
+    big = pattern_bytes("big", 0, 5 * B + 17)
+    mem.put("a/big.bin", big)
+    counted = [CountingStorageClient(mem), CountingStorageClient(mem)]
+    one, two = (
+        BlobFilesystem(
+            storage,
+            BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery),
+            FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B),
+            shared=shared,
+        )
+        for storage in counted
+    )
+    with trio.CancelScope() as opener_scope:
+        async with trio.open_nursery() as opener_side:
+            await opener_side.start(ReadServer(tmp_path, 0, one.read).run)
+            two.forwarder = ReadForwarder(tmp_path, 1, nursery)
+            a = await one.lookup(ROOT_INODE, "a")
+            big_inode = (await one.lookup(a.inode, "big.bin")).inode
+            d_inode = (await one.lookup(a.inode, "d.bin")).inode
+            opened = await one.open(big_inode, 0)
+            out = bytearray()
+            while chunk := await (one, two)[len(out) // B % 2].read(opened.fh, len(out), B):
+                out += chunk  # the READs alternate between the two, as the kernel spreads them
+            assert out == big
+            assert counted[1].range_requests == 0  # every block came through the opener
+            assert two.forwarder.forwarded == 4  # blocks 1, 3 and 5, and the read at the end
+            small = await one.open(d_inode, 0)
+            assert bytes(await two.read(small.fh, 0, 100)) == b"d" * 10
+            assert counted[1].range_requests == 1  # a one-block file: read where it landed
+            opener_scope.cancel()  # the opener goes away
+    assert bytes(await two.read(opened.fh, 2 * B, 10)) == big[2 * B : 2 * B + 10]
+    assert counted[1].range_requests == 2
+    assert two.forwarder.failed == 1

@@ -26,6 +26,7 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
+from blobmount.fs.forward import ForwardFailed, ReadForwarder
 from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
@@ -91,6 +92,10 @@ class NamespaceStats:
     open_files: int
     open_dirs: int
     catalog: CatalogStats
+    #: multi-process mounts: READs of another process's handle passed to it and answered, and
+    #: those it could not be asked (gone, being replaced) and were read here
+    forwarded_reads: int = 0
+    forward_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,8 @@ class BlobFilesystem:
         #: set in whole-file mode; files it cannot hold are read through `blocks`
         self._whole_files = whole_files
         self.open_listener: OpenListener | None = None
+        #: with several processes: passes READs of other processes' handles to their opener
+        self.forwarder: ReadForwarder | None = None
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
@@ -366,6 +373,8 @@ class BlobFilesystem:
             open_files=sum(handle.opened_here for handle in self._files.values()),
             open_dirs=len(self._dirs),
             catalog=self.catalog.statistics(),
+            forwarded_reads=0 if self.forwarder is None else self.forwarder.forwarded,
+            forward_failures=0 if self.forwarder is None else self.forwarder.failed,
         )
 
     # -- files -----------------------------------------------------------------------------
@@ -492,7 +501,26 @@ class BlobFilesystem:
         if handle is None:
             if self._shared is None:
                 raise FsError(errno.EBADF)
-            handle = await self._adopt_file_handle(fh)
+            return await self._read_foreign(fh, offset, size)
+        return await handle.reader.read(offset, size)
+
+    async def _read_foreign(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+        """A READ of a handle another process opened. A file of several blocks (any file in
+        whole-file mode) is read by its opener, which holds its read-ahead or its copy; a
+        one-block file, or any file when the opener cannot be reached, is read here."""
+        assert self._shared is not None
+        forwarder = self.forwarder
+        handles = self._shared.handles
+        if forwarder is not None and (owner := handles.owner(fh)) != forwarder.index:
+            record = handles.get(fh)
+            if record is not None and (
+                self._whole_files is not None or record.size > self.config.block_size
+            ):
+                try:
+                    return await forwarder.read(owner, fh, offset, size)
+                except ForwardFailed as exc:
+                    log.info("reading handle %d here: %s", fh, exc)
+        handle = await self._adopt_file_handle(fh)
         return await handle.reader.read(offset, size)
 
     def release(self, fh: int) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import signal
 import threading
@@ -36,6 +37,12 @@ import trio
 SIGNAL: int = signal.SIGRTMIN + 2
 _CLOCK_MONOTONIC = 1
 _SIGEV_THREAD_ID = 4
+_SYS_TGKILL = 234  # x86_64
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class _Timespec(ctypes.Structure):
@@ -138,6 +145,16 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         s.since_arm += 1
         if s.since_arm >= s.limit:
             disarm()  # nobody disarmed it for repeat_for_s: stop signalling an idle process
+
+
+def wake(pid: int) -> None:
+    """Send the signal to the main thread of mount process `pid` (which has enabled this): a
+    read of /dev/fuse it is blocked in returns to trio now, not at its timer's next period. For
+    work another process hands it outside FUSE (a forwarded READ), which would not end its
+    blocked read as a FUSE request would."""
+    # tgkill, not kill: only the main thread is blocked in pyfuse3's read; a process-directed
+    # signal may go to any of its threads. A gone process is no error here.
+    _libc().syscall(_SYS_TGKILL, pid, pid, SIGNAL)
 
 
 def _forget_after_fork() -> None:

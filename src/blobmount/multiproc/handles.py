@@ -180,6 +180,12 @@ class SharedHandles:
         finally:
             self._unlock(offset)
 
+    def owner(self, fh: int) -> int:
+        """The index of the process whose range handle `fh` is in (the one that opened it,
+        or its replacement); -1 if `fh` is no handle number."""
+        slot = self._slot(fh)
+        return -1 if slot < 0 else slot // self.per_process
+
     def remove(self, fh: int) -> HandleRecord | None:
         """Free handle `fh`, in any process (RELEASE lands in any); its record, or None if it
         was already freed (or never was a handle)."""

@@ -1,0 +1,294 @@
+"""READs of a handle served by the process that opened it.
+
+The kernel sends a handle's READs to whichever process of the mount reads the request first.
+A process that did not open the handle could read the pinned version itself (it can: the
+shared handle table says which version), but for a file of several blocks that means each
+process fetches and reads ahead on its own: a large file read once was fetched about once per
+process, and each process saw only part of the reader's stream. So such a READ is passed to
+the opener over a Unix socket in the mount's shared folder and answered with the opener's
+bytes: one read-ahead stream, one fetch per block.
+
+Each process serves its own socket (`ReadServer`, named by its process index, so a worker's
+replacement takes over its predecessor's handles) and keeps one connection to each other
+process it has forwarded to (`ReadForwarder`). Requests on a connection are numbered and
+answered in any order.
+
+A request that cannot be forwarded (the opener is gone, or is being replaced) raises
+`ForwardFailed`, and the caller reads the pinned version itself, so a READ never fails because
+another process died.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+from blobmount.fs.errno_map import FsError, errno_for
+
+log = logging.getLogger(__name__)
+
+#: what a server sends first on a connection: its pid (see ReadForwarder's `wake`)
+_HELLO = struct.Struct("<I")
+#: struct ucred: pid, uid, gid
+_PEER_CREDENTIALS = struct.Struct("<iII")
+#: socket buffers big enough for a whole 1 MiB answer: fewer wake-ups of both ends per answer
+#: (the kernel caps them at net.core.wmem_max and rmem_max)
+SOCKET_BUFFER = 4 * 1024 * 1024
+#: request id, handle, offset, size
+_REQUEST = struct.Struct("<QQQI")
+#: request id, errno (0: the bytes follow), length of the bytes
+_ANSWER = struct.Struct("<QiI")
+#: the largest READ the kernel sends is 1 MiB (FUSE's max_pages); anything much larger is a
+#: broken peer, not a read
+MAX_ANSWER = 64 * 1024 * 1024
+
+#: what a server calls to read: the filesystem's own read of a handle it opened
+ReadFn = Callable[[int, int, int], Awaitable[bytes | memoryview]]
+
+
+class ForwardFailed(Exception):
+    """The READ could not be passed to its opener (no such process now, or it went away)."""
+
+
+def socket_path(folder: Path, index: int) -> Path:
+    return folder / f"read-{index}.sock"
+
+
+def _tune(sock: trio.socket.SocketType) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+
+
+async def _send_all(sock: trio.socket.SocketType, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        sent = await sock.send(view)
+        view = view[sent:]
+
+
+async def _receive_exactly(sock: trio.socket.SocketType, length: int) -> bytearray:
+    """`length` bytes; EOFError if the peer closed first."""
+    out = bytearray(length)
+    view = memoryview(out)
+    got = 0
+    while got < length:
+        n = await sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError("the peer closed the connection")
+        got += n
+    return out
+
+
+# -- the opener's side -----------------------------------------------------------------------
+
+
+class ReadServer:
+    """Answers forwarded READs of the handles this process opened, with `read`."""
+
+    def __init__(
+        self, folder: Path, index: int, read: ReadFn, wake: Callable[[int], None] | None = None
+    ) -> None:
+        self.path = socket_path(folder, index)
+        self._read = read
+        #: called with the forwarding process's pid after each answer (see ReadForwarder)
+        self._wake = wake
+        self.served = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with listener:
+            # a replaced worker's socket file is left behind: its successor takes the name
+            self.path.unlink(missing_ok=True)
+            await listener.bind(str(self.path))
+            listener.listen(64)
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                while True:
+                    conn, _ = await listener.accept()
+                    nursery.start_soon(self._serve, conn)
+
+    async def _serve(self, conn: trio.socket.SocketType) -> None:
+        sending = trio.Lock()
+        with conn:
+            try:
+                _tune(conn)
+                await _send_all(conn, _HELLO.pack(os.getpid()))
+                peer_pid = _PEER_CREDENTIALS.unpack(
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
+                )[0]
+            except OSError:
+                return
+            async with trio.open_nursery() as nursery:
+                while True:
+                    try:
+                        raw = await _receive_exactly(conn, _REQUEST.size)
+                    except (OSError, EOFError):  # the forwarding process ended
+                        return
+                    request_id, fh, offset, size = _REQUEST.unpack(raw)
+                    nursery.start_soon(
+                        self._answer, conn, sending, peer_pid, request_id, fh, offset, size
+                    )
+
+    async def _answer(
+        self,
+        conn: trio.socket.SocketType,
+        sending: trio.Lock,
+        peer_pid: int,
+        request_id: int,
+        fh: int,
+        offset: int,
+        size: int,
+    ) -> None:
+        data: bytes | memoryview = b""
+        error = 0
+        try:
+            data = await self._read(fh, offset, size)
+        except Exception as exc:  # the errno FUSE would have answered, logged as it would be
+            error, level = errno_for(exc)
+            log.log(level, "read failed: %s", exc, exc_info=level >= logging.ERROR)
+        self.served += 1
+        try:
+            async with sending:
+                await _send_all(conn, _ANSWER.pack(request_id, error, len(data)))
+                if data:
+                    await _send_all(conn, data)
+        except OSError as exc:  # the forwarding process ended while it waited
+            log.debug("a forwarded read's answer was not delivered: %s", exc)
+            return
+        if self._wake is not None:
+            self._wake(peer_pid)
+
+
+# -- the side that got the READ --------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("data", "done", "errno", "problem")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.data: bytearray | None = None
+        self.errno = 0  # the opener's answer: 0, or the read's errno
+        self.problem: ForwardFailed | None = None  # no answer came
+
+
+class _Connection:
+    """One connection to another process's server, with its answers in flight."""
+
+    def __init__(self, sock: trio.socket.SocketType, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid  # the server's
+        self.sending = trio.Lock()
+        self.pending: dict[int, _Pending] = {}
+        self.closed = False
+
+    async def receive_answers(self) -> None:
+        try:
+            while True:
+                raw = await _receive_exactly(self.sock, _ANSWER.size)
+                request_id, error, length = _ANSWER.unpack(raw)
+                if length > MAX_ANSWER:
+                    raise OSError(errno.EPROTO, f"an answer of {length} bytes")
+                data = await _receive_exactly(self.sock, length) if length else bytearray()
+                waiter = self.pending.pop(request_id, None)
+                if waiter is not None:  # else: its READ was interrupted; the bytes are dropped
+                    waiter.data, waiter.errno = data, error
+                    waiter.done.set()
+        except (OSError, EOFError, trio.ClosedResourceError) as exc:  # closed: by `close`
+            self._fail(ForwardFailed(f"the opening process went away: {exc}"))
+        finally:
+            self._fail(ForwardFailed("the connection closed"))
+
+    def _fail(self, problem: ForwardFailed) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.close()
+        for waiter in self.pending.values():
+            waiter.problem = problem
+            waiter.done.set()
+        self.pending.clear()
+
+
+class ReadForwarder:
+    """Passes READs to the process that opened their handle (see the module's docstring)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        index: int,
+        nursery: trio.Nursery,
+        wake: Callable[[int], None] | None = None,
+    ) -> None:
+        self._folder = folder
+        self.index = index
+        self._nursery = nursery
+        #: called with the opener's pid after each request: the opener may be blocked reading
+        #: /dev/fuse (having lost a request to another process), where no socket wakes it
+        self._wake = wake
+        self._connections: dict[int, _Connection] = {}
+        self._ids = itertools.count(1)
+        self.forwarded = 0
+        self.failed = 0
+
+    async def read(self, owner: int, fh: int, offset: int, size: int) -> bytes | memoryview:
+        """The bytes the opener `owner` reads for handle `fh`. Raises FsError with the
+        opener's errno, or ForwardFailed (read it yourself)."""
+        try:
+            conn = await self._connection(owner)
+            request_id = next(self._ids)
+            waiter = conn.pending[request_id] = _Pending()
+            try:
+                async with conn.sending:
+                    await _send_all(conn.sock, _REQUEST.pack(request_id, fh, offset, size))
+            except OSError as exc:
+                raise ForwardFailed(f"the opening process went away: {exc}") from exc
+            if self._wake is not None:
+                self._wake(conn.pid)
+            try:
+                await waiter.done.wait()
+            finally:
+                conn.pending.pop(request_id, None)
+        except ForwardFailed:
+            self.failed += 1
+            raise
+        if waiter.problem is not None:
+            self.failed += 1
+            raise waiter.problem
+        self.forwarded += 1
+        if waiter.errno:
+            raise FsError(waiter.errno)
+        assert waiter.data is not None
+        return memoryview(waiter.data)
+
+    async def _connection(self, owner: int) -> _Connection:
+        conn = self._connections.get(owner)
+        if conn is not None and not conn.closed:
+            return conn
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _tune(sock)
+            await sock.connect(str(socket_path(self._folder, owner)))
+            (pid,) = _HELLO.unpack(await _receive_exactly(sock, _HELLO.size))
+        except (OSError, EOFError) as exc:
+            sock.close()
+            raise ForwardFailed(f"no process {owner} to pass the read to: {exc}") from exc
+        other = self._connections.get(owner)
+        if other is not None and not other.closed:  # a concurrent read connected first
+            sock.close()
+            return other
+        conn = self._connections[owner] = _Connection(sock, pid)
+        self._nursery.start_soon(conn.receive_answers)
+        return conn
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn._fail(ForwardFailed("closing"))
+        self._connections.clear()

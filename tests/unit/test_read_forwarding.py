@@ -1,0 +1,125 @@
+"""READs passed to the process that opened the handle (fs/forward.py), over real Unix sockets
+in one trio run: answers matched to their requests in any order, errors passed on, and a
+forwarder that finds no opener says so instead of hanging."""
+
+import errno
+import os
+import random
+
+import pytest
+import trio
+import trio.testing
+
+from blobmount.errors import BlobNotFound
+from blobmount.fs.errno_map import FsError
+from blobmount.fs.forward import ForwardFailed, ReadForwarder, ReadServer
+
+
+def payload(fh, offset, size):
+    return bytes((fh + offset + i) % 251 for i in range(size))
+
+
+async def slow_read(fh, offset, size):
+    """A read that takes a random while, so answers overtake each other."""
+    await trio.sleep(random.random() / 100)
+    if fh == 13:
+        raise FsError(errno.EBADF)
+    if fh == 14:
+        raise RuntimeError("a bug in the opener")
+    if fh == 15:
+        raise BlobNotFound("deleted")
+    return payload(fh, offset, size)
+
+
+async def test_reads_come_back_whole_and_matched_to_their_requests(nursery, tmp_path):
+    server = ReadServer(tmp_path, 0, slow_read)
+    await nursery.start(server.run)
+    woken = []
+    forwarder = ReadForwarder(tmp_path, 1, nursery, woken.append)
+    results = {}
+
+    async def one(fh, offset, size):
+        results[fh, offset, size] = bytes(await forwarder.read(0, fh, offset, size))
+
+    sizes = [0, 1, 4096, 131072, 1 << 20] * 8
+    asks = [(100 + i, i * 7, size) for i, size in enumerate(sizes)]
+    async with trio.open_nursery() as readers:
+        for ask in asks:
+            readers.start_soon(one, *ask)
+    assert all(results[ask] == payload(*ask) for ask in asks)
+    assert (server.served, forwarder.forwarded, forwarder.failed) == (40, 40, 0)
+    # after each request, the opener (here: this process, by the pid it said hello with) is
+    # woken from a blocked read of /dev/fuse
+    assert woken == [os.getpid()] * 40
+    forwarder.close()
+
+
+async def test_the_openers_errors_are_the_reads_errors(nursery, tmp_path):
+    await nursery.start(ReadServer(tmp_path, 0, slow_read).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    with pytest.raises(FsError) as info:
+        await forwarder.read(0, 13, 0, 10)
+    assert info.value.errno == errno.EBADF
+    with pytest.raises(FsError) as info:
+        await forwarder.read(0, 14, 0, 10)
+    assert info.value.errno == errno.EIO
+    with pytest.raises(FsError) as info:
+        await forwarder.read(0, 15, 0, 10)
+    assert info.value.errno == errno.ENOENT  # as FUSE would have answered in the opener
+    assert bytes(await forwarder.read(0, 3, 0, 10)) == payload(3, 0, 10)  # still connected
+    forwarder.close()
+
+
+async def test_no_opener_to_ask_is_a_failed_forward(nursery, tmp_path):
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    with pytest.raises(ForwardFailed):
+        await forwarder.read(0, 1, 0, 10)
+    assert forwarder.failed == 1
+
+
+async def test_an_opener_that_goes_away_fails_the_reads_waiting_for_it(nursery, tmp_path):
+    started = trio.Event()
+
+    async def never(fh, offset, size):
+        started.set()
+        await trio.sleep_forever()
+
+    with trio.CancelScope() as server_scope:
+        async with trio.open_nursery() as server_nursery:
+            await server_nursery.start(ReadServer(tmp_path, 0, never).run)
+            forwarder = ReadForwarder(tmp_path, 1, nursery)
+            outcome = []
+
+            async def waiting():
+                with pytest.raises(ForwardFailed):
+                    await forwarder.read(0, 1, 0, 10)
+                outcome.append("failed")
+
+            nursery.start_soon(waiting)
+            await started.wait()
+            server_scope.cancel()  # the opener dies: its socket closes
+    with trio.fail_after(5):
+        while not outcome:
+            await trio.sleep(0.01)
+    # a successor takes the same index (and socket name): later reads reach it
+    await nursery.start(ReadServer(tmp_path, 0, slow_read).run)
+    assert bytes(await forwarder.read(0, 2, 5, 100)) == payload(2, 5, 100)
+    forwarder.close()
+
+
+async def test_an_interrupted_read_leaves_the_connection_usable(nursery, tmp_path):
+    gate = trio.Event()
+
+    async def gated(fh, offset, size):
+        if fh == 1:
+            await gate.wait()
+        return payload(fh, offset, size)
+
+    await nursery.start(ReadServer(tmp_path, 0, gated).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    with trio.move_on_after(0.05):  # the kernel's INTERRUPT of a READ
+        await forwarder.read(0, 1, 0, 10)
+    gate.set()  # its answer arrives after all, and is dropped
+    await trio.testing.wait_all_tasks_blocked()
+    assert bytes(await forwarder.read(0, 2, 0, 10)) == payload(2, 0, 10)
+    forwarder.close()
