@@ -11,6 +11,7 @@ from scenarios.base import Workload
 from scenarios.datasets import Datasets
 from scenarios.lineup import MountScenario
 from scenarios.plans import (
+    TWO_PROCESSES,
     FileJob,
     MiB,
     MountPlan,
@@ -35,10 +36,11 @@ class LargeParallel(MountScenario):
     )
     # the same read-ahead bytes (32 x 2 MiB) in blocks above Azurite's 4 MiB MD5 threshold
     mount_variants = {
+        **TWO_PROCESSES,
         "blobmount-8MiB": {
             "DATASET_MOUNT_READ_BLOCK_SIZE": "8MB",
             "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT": "8",
-        }
+        },
     }
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:

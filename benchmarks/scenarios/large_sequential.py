@@ -10,6 +10,7 @@ from scenarios.base import Workload
 from scenarios.datasets import Datasets
 from scenarios.lineup import MountScenario
 from scenarios.plans import (
+    TWO_PROCESSES,
     FileJob,
     MiB,
     MountPlan,
@@ -33,10 +34,11 @@ class LargeSequential(MountScenario):
     )
     # the same read-ahead bytes (160 MiB) in blocks above Azurite's 4 MiB MD5 threshold
     mount_variants = {
+        **TWO_PROCESSES,
         "blobmount-8MiB": {
             "DATASET_MOUNT_READ_BLOCK_SIZE": "8MB",
             "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT": "20",
-        }
+        },
     }
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:

@@ -37,27 +37,39 @@ def _busy_cpu_s() -> float:
 
 
 class ResourceMeter:
-    """CPU seconds of named processes over an interval, and of everything else on the machine."""
+    """CPU seconds of named processes over an interval, and of everything else on the machine.
+
+    A named process counts with every process under it (a mount served by several processes
+    spends its CPU in all of them): the processes found at start and at stop, one that appears
+    in between counted from zero, one that exits in between lost."""
 
     def __init__(self, pids: Mapping[str, int], prepare: Callable[[], None] | None = None) -> None:
         self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
         #: untimed work right before every start (Bench.prepare_memory)
         self._prepare = prepare
-        self._start: dict[str, float] = {}
+        self._start: dict[str, dict[tuple[int, float], float]] = {}
         self._busy0 = 0.0
         self._t0 = 0.0
         #: what every start()-stop() interval measured, summed (a run with phases is metered
         #: phase by phase, never between them)
         self.usage: dict[str, float] = {}
 
-    def _cpu(self) -> dict[str, float]:
+    def _cpu(self) -> dict[str, dict[tuple[int, float], float]]:
+        """Per name: CPU seconds of the process and of each under it, by (pid, start time)."""
         out = {}
         for name, proc in self._procs.items():
             try:
-                times = proc.cpu_times()
+                tree = [proc, *proc.children(recursive=True)]
             except psutil.Error:
                 continue
-            out[name] = times.user + times.system
+            each = {}
+            for member in tree:
+                try:
+                    times = member.cpu_times()
+                    each[member.pid, member.create_time()] = times.user + times.system
+                except psutil.Error:
+                    continue
+            out[name] = each
         return out
 
     def start(self) -> None:
@@ -73,7 +85,11 @@ class ResourceMeter:
         wall = time.perf_counter() - self._t0
         busy = _busy_cpu_s() - self._busy0
         end = self._cpu()
-        out = {name: end[name] - self._start[name] for name in end if name in self._start}
+        out = {
+            name: sum(cpu - self._start[name].get(key, 0.0) for key, cpu in end[name].items())
+            for name in end
+            if name in self._start
+        }
         out["others"] = max(0.0, busy - sum(out.values()))
         out["wall_s"] = wall
         for key, value in out.items():

@@ -185,6 +185,11 @@ def whole_blob_ceilings(blob: str, etag: str, size: int) -> dict[str, CeilingPla
     }
 
 
+#: a diagnostic mount served by two processes (issue #25): the same settings, and
+#: DATASET_MOUNT_WORKER_PROCESSES=2; its CPU is the whole process tree's
+TWO_PROCESSES = {"blobmount-2p": {"DATASET_MOUNT_WORKER_PROCESSES": "2"}}
+
+
 def seed_block_settings(**extra: str) -> dict[str, str]:
     """The seed's settings for one-pass reads: blocks, no disk cache, no RAM cache."""
     env = {

@@ -14,6 +14,7 @@ from scenarios.base import System, Workload
 from scenarios.datasets import Datasets, ManyFiles, Store
 from scenarios.lineup import MountScenario
 from scenarios.plans import (
+    TWO_PROCESSES,
     CeilingPlan,
     FileJob,
     MountPlan,
@@ -59,6 +60,7 @@ class SmallFiles(MountScenario):
     threads = THREADS
     whole_file_rows = True
     reader_rows = (1, 4)
+    mount_variants = TWO_PROCESSES
 
     def workload(self, datasets: Datasets, profile: Profile) -> Workload:
         small = datasets.small()
@@ -115,6 +117,7 @@ class SmallFilesHinted(SmallFiles):
     hinted_variants = {"blobmount-hints": 512}
     whole_file_rows = False
     reader_rows = ()
+    mount_variants = {}
 
 
 class SmallFilesHintedLatency(SmallFilesHinted):
