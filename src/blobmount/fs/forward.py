@@ -203,11 +203,12 @@ class _Connection:
                     waiter.data, waiter.errno = data, error
                     waiter.done.set()
         except (OSError, EOFError, trio.ClosedResourceError) as exc:  # closed: by `close`
-            self._fail(ForwardFailed(f"the opening process went away: {exc}"))
+            self.fail(ForwardFailed(f"the opening process went away: {exc}"))
         finally:
-            self._fail(ForwardFailed("the connection closed"))
+            self.fail(ForwardFailed("the connection closed"))
 
-    def _fail(self, problem: ForwardFailed) -> None:
+    def fail(self, problem: ForwardFailed) -> None:
+        """Close the connection; every read waiting on it fails with `problem`."""
         if not self.closed:
             self.closed = True
             self.sock.close()
@@ -248,7 +249,8 @@ class ReadForwarder:
             try:
                 async with conn.sending:
                     await _send_all(conn.sock, _REQUEST.pack(request_id, fh, offset, size))
-            except OSError as exc:
+            except OSError as exc:  # the next read connects afresh
+                conn.fail(ForwardFailed(f"the opening process went away: {exc}"))
                 raise ForwardFailed(f"the opening process went away: {exc}") from exc
             if self._wake is not None:
                 self._wake(conn.pid)
@@ -290,5 +292,5 @@ class ReadForwarder:
 
     def close(self) -> None:
         for conn in self._connections.values():
-            conn._fail(ForwardFailed("closing"))
+            conn.fail(ForwardFailed("closing"))
         self._connections.clear()
