@@ -34,7 +34,7 @@ import trio
 
 from blobmount.compose.configs import fuse_options, read_ahead_budget
 from blobmount.compose.mount import MountParts, open_mount
-from blobmount.compose.storage import check_source, open_storage
+from blobmount.compose.storage import StorageStack, check_source, open_storage
 from blobmount.daemon import (
     FUSE_IDLE_WORKERS,
     MountRequest,
@@ -58,6 +58,7 @@ from blobmount.process_stats import StatsShare, publish_every
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import pid_alive
 from blobmount.settings import Settings
+from blobmount.storage.shared_pages import SharedListPages
 from blobmount.units import format_size
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 #: where the shared state of a mount lives: memory, not disk (tables are written per request)
 SHARED_ROOT = Path("/dev/shm")
 SHARED_PREFIX = "blobmount-"
+#: the list pages the processes share, in the shared folder
+PAGES = "pages"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,7 @@ def serve_processes(request: MountRequest, notifier: ReadyNotifier) -> None:
     settings, spec = request.settings, request.spec
     _check_in_child(request)
     folder = _shared_folder()
+    (folder / PAGES).mkdir()
     namespace = SharedNamespace.create(folder, settings.worker_processes)
     mount = _Mount(request, FuseOperations(), namespace, StatsShare(folder), folder)
     zygote = Zygote(settings.worker_processes - 1, lambda index: _run_worker(mount, index))
@@ -214,8 +218,13 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
             format_size(settings.hint_memory_limit),
         )
     async with (
-        open_storage(settings, mount.request.spec) as stack,
-        open_mount(settings, mount.request.spec, stack, shared=mount.namespace) as parts,
+        open_storage(settings, mount.request.spec) as own_stack,
+        open_mount(
+            settings,
+            mount.request.spec,
+            _with_shared_pages(own_stack, mount.folder, settings),
+            shared=mount.namespace,
+        ) as parts,
         trio.open_nursery() as forwarding,
     ):
         # READs of this process's handles that land in another process come back here
@@ -235,6 +244,17 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
                 os.getpid(),
                 wakeup.wakeups(),
             )
+
+
+def _with_shared_pages(stack: StorageStack, folder: Path, settings: Settings) -> StorageStack:
+    """The stack with the list pages of every process shared (storage/shared_pages.py), so the
+    processes see one view of each folder; a snapshot's stack is left as it is (the snapshot
+    is the view)."""
+    if settings.snapshot is not None:
+        return stack
+    ttl_ms = settings.attribute_cache_ttl_ms
+    pages = SharedListPages(stack.client, folder / PAGES, None if ttl_ms is None else ttl_ms / 1000)
+    return dataclasses.replace(stack, client=pages)
 
 
 def _run_worker(mount: _Mount, index: int) -> int:

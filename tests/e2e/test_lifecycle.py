@@ -38,7 +38,7 @@ from tests.helpers.bounds import SLACK_S, MiB, in_thread
 from tests.helpers.daemon_calls import blobmount, stats, wait_for
 from tests.helpers.fault_proxy import FaultProxy, stall
 from tests.helpers.mount import MountedDaemon, is_mounted
-from tests.helpers.single_process import LISTS_PER_PROCESS, PROCESSES
+from tests.helpers.single_process import PROCESSES
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -147,7 +147,6 @@ def test_changes_after_the_mount_are_seen_once_the_ttl_expires(container, azurit
     assert not (d / "gone.txt").exists()
 
 
-@LISTS_PER_PROCESS
 def test_without_a_ttl_the_view_is_fixed_for_the_life_of_the_mount(
     container, azurite, mount_factory
 ):

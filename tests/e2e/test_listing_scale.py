@@ -152,7 +152,6 @@ def test_tree_walk_in_auto_mode_switches_to_flat(mount_seeded):
     print(f"auto mode: os.walk of {files:,} files in {TREE_FOLDERS:,} folders: {used} lists")
 
 
-@LISTS_PER_PROCESS
 def test_blob_added_after_mount_appears_after_the_ttl(azurite, mount_factory):
     name = f"ttl-{uuid.uuid4().hex[:8]}"
     azurite.create_container(name)

@@ -14,12 +14,12 @@ PROCESSES = int(os.environ.get("BLOBMOUNT_TEST_WORKER_PROCESSES") or 1)
 FETCHES_PER_PROCESS = pytest.mark.single_process(
     "each process fetches the blocks (and whole files) it serves: counts of GETs and bytes differ"
 )
-#: each process lists the folders it serves on its own, when it first needs them: counts of
-#: list pages differ, and so do the views of a folder that changed between two processes'
-#: listings (a folder handle read in both can then repeat or miss an entry)
+#: the processes share list pages (storage/shared_pages.py), but each builds its own catalog
+#: from them (its counts of pages and walks), and the start-up check lists in a child process
+#: whose requests the stats do not count
 LISTS_PER_PROCESS = pytest.mark.single_process(
-    "each process lists the folders it serves: counts of list pages, and views taken at "
-    "different times, differ"
+    "each process keeps its own catalog (pages, walks), and the start-up check's list request "
+    "is made in a child: counts differ"
 )
 #: each process has its own flow controller and breaker; the stats show the main process's
 FLOW_PER_PROCESS = pytest.mark.single_process(
