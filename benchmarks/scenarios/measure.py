@@ -41,7 +41,9 @@ class ResourceMeter:
 
     A named process counts with every process under it (a mount served by several processes
     spends its CPU in all of them): the processes found at start and at stop, one that appears
-    in between counted from zero, one that exits in between lost."""
+    in between counted from zero, one that exits in between lost. A process under two named
+    ones counts for the nearer (the harness starts Azurite and the daemon, which are named
+    too)."""
 
     def __init__(self, pids: Mapping[str, int], prepare: Callable[[], None] | None = None) -> None:
         self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
@@ -70,6 +72,12 @@ class ResourceMeter:
                 except psutil.Error:
                     continue
             out[name] = each
+        # a process in several trees belongs to the smallest of them: its nearest named ancestor
+        members = {name: set(each) for name, each in out.items()}
+        for name, each in out.items():
+            nearer = [keys for keys in members.values() if len(keys) < len(members[name])]
+            for key in [k for k in each if any(k in keys for keys in nearer)]:
+                del each[key]
         return out
 
     def start(self) -> None:
