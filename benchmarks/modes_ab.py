@@ -45,6 +45,7 @@ from scenarios.datasets import Datasets, ManyFiles  # noqa: E402
 from scenarios.measure import drop_kernel_caches  # noqa: E402
 from scenarios.mounted import MountedDaemon  # noqa: E402
 from scenarios.plans import QUICK  # noqa: E402
+from scenarios.process_tree import tree_processes  # noqa: E402
 from scenarios.readers import read_through_mount  # noqa: E402
 from scenarios.small_files import SmallFiles  # noqa: E402
 from scenarios.verify import new_buffer, verify_mount_reads  # noqa: E402
@@ -55,8 +56,7 @@ SETTLE_FILES = 100
 
 def tree_cpu(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process and its descendants."""
-    root = psutil.Process(pid)
-    times = [root.cpu_times()] + [child.cpu_times() for child in root.children(recursive=True)]
+    times = [proc.cpu_times() for proc in tree_processes(psutil.Process(pid)).values()]
     return sum(t.user for t in times), sum(t.system for t in times)
 
 

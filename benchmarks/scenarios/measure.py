@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from scenarios.process_tree import cpu_s, tree_processes
+
 
 def drop_kernel_caches() -> str:
     """sync + `echo 3 > /proc/sys/vm/drop_caches`; says what happened."""
@@ -60,18 +62,10 @@ class ResourceMeter:
         """Per name: CPU seconds of the process and of each under it, by (pid, start time)."""
         out = {}
         for name, proc in self._procs.items():
-            try:
-                tree = [proc, *proc.children(recursive=True)]
-            except psutil.Error:
+            if not proc.is_running():
                 continue
-            each = {}
-            for member in tree:
-                try:
-                    times = member.cpu_times()
-                    each[member.pid, member.create_time()] = times.user + times.system
-                except psutil.Error:
-                    continue
-            out[name] = each
+            tree = tree_processes(proc).items()
+            out[name] = {key: cpu for key, member in tree if (cpu := cpu_s(member)) is not None}
         # a process in several trees belongs to the smallest of them: its nearest named ancestor
         members = {name: set(each) for name, each in out.items()}
         for name, each in out.items():

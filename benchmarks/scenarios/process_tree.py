@@ -43,7 +43,25 @@ def _busy_s() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def _cpu(proc: psutil.Process) -> float | None:
+def tree_processes(root: psutil.Process) -> dict[tuple[int, float], psutil.Process]:
+    """`root` and every process under it, by (pid, start time): a reused pid is another
+    process."""
+    procs = [root]
+    try:
+        procs += root.children(recursive=True)
+    except psutil.Error:
+        pass
+    out: dict[tuple[int, float], psutil.Process] = {}
+    for proc in procs:
+        try:
+            out[(proc.pid, proc.create_time())] = proc
+        except psutil.Error:
+            continue
+    return out
+
+
+def cpu_s(proc: psutil.Process) -> float | None:
+    """User + system CPU seconds of one process; None if it is gone."""
     try:
         times = proc.cpu_times()
     except psutil.Error:
@@ -62,26 +80,14 @@ class TreeMeter:
         self._count0 = 0
 
     def _tree(self) -> dict[tuple[int, float], psutil.Process]:
-        """The tree's processes by (pid, start time): a reused pid is another process."""
-        procs = [self._root]
-        try:
-            procs += self._root.children(recursive=True)
-        except psutil.Error:
-            pass
-        out: dict[tuple[int, float], psutil.Process] = {}
-        for proc in procs:
-            try:
-                out[(proc.pid, proc.create_time())] = proc
-            except psutil.Error:
-                continue
-        return out
+        return tree_processes(self._root)
 
     def start(self) -> None:
         tree = self._tree()
         self._count0 = len(tree)
-        self._start = {key: cpu for key, proc in tree.items() if (cpu := _cpu(proc)) is not None}
-        self._root0 = _cpu(self._root) or 0.0
-        self._me0 = _cpu(self._me) or 0.0
+        self._start = {key: cpu for key, proc in tree.items() if (cpu := cpu_s(proc)) is not None}
+        self._root0 = cpu_s(self._root) or 0.0
+        self._me0 = cpu_s(self._me) or 0.0
         self._busy0 = _busy_s()
         self._t0 = time.perf_counter()
 
@@ -91,7 +97,7 @@ class TreeMeter:
         tree = self._tree()
         tree_cpu, rss = 0.0, 0
         for key, proc in tree.items():
-            cpu = _cpu(proc)
+            cpu = cpu_s(proc)
             if cpu is None:
                 continue
             tree_cpu += cpu - self._start.get(key, 0.0)
@@ -99,8 +105,8 @@ class TreeMeter:
                 rss += proc.memory_info().rss
             except psutil.Error:
                 pass
-        root_cpu = (_cpu(self._root) or self._root0) - self._root0
-        harness = (_cpu(self._me) or self._me0) - self._me0
+        root_cpu = (cpu_s(self._root) or self._root0) - self._root0
+        harness = (cpu_s(self._me) or self._me0) - self._me0
         return TreeUsage(
             wall_s=wall,
             tree_cpu_s=tree_cpu,

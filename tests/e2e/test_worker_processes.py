@@ -170,6 +170,28 @@ def test_a_large_file_is_fetched_once_however_its_reads_are_spread(two_processes
     assert DATASET.large_size <= fetched <= DATASET.large_size * 1.1, fetched
 
 
+def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
+    two_processes,
+) -> None:
+    # A small file's copy is written to the shared cache folder after its open returns; a READ
+    # that lands in the other process before then must not download the file again.
+    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
+    _wait_for(
+        lambda: (
+            daemon_stats(daemon)["whole_file"]["served_bytes"]
+            == DATASET.small_files * DATASET.small_size
+        ),
+        "stats of every process",
+    )
+    stats = daemon_stats(daemon)
+    whole = stats["whole_file"]
+    assert whole["downloads"] == DATASET.small_files
+    assert whole["downloaded_bytes"] == DATASET.small_files * DATASET.small_size
+    assert stats["namespace"]["forwarded_reads"] > 0
+
+
 def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
     daemon = two_processes()
     root = daemon.mountpoint

@@ -43,6 +43,7 @@ from blobmount.storage.base import StorageClient
 from blobmount.wholefile.cache import WholeFileCache
 
 if TYPE_CHECKING:  # only multi-process mounts build one
+    from blobmount.multiproc.handles import HandleRecord
     from blobmount.multiproc.namespace import SharedNamespace
 
 log = logging.getLogger(__name__)
@@ -427,12 +428,11 @@ class BlobFilesystem:
             self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
 
-    async def _adopt_file_handle(self, fh: int) -> _FileHandle:
+    async def _adopt_file_handle(self, fh: int, record: HandleRecord) -> _FileHandle:
         """A file handle another process opened (the kernel sends a handle's READs to any
-        process): a reader of the version that process pinned, never the current one."""
-        record = None if self._shared is None else self._shared.handles.get(fh)
-        if record is None or record.etag is None:
-            raise FsError(errno.EBADF)
+        process), from its shared `record`: a reader of the version that process pinned, never
+        the current one."""
+        assert record.etag is not None
         node = self.inodes.get(record.inode) or await self._adopt(record.inode)
         version = BlobVersion(self._blob_name(node.path), record.etag, record.size)
         reader = await self._open_reader(version)
@@ -509,18 +509,21 @@ class BlobFilesystem:
         whole-file mode) is read by its opener, which holds its read-ahead or its copy; a
         one-block file, or any file when the opener cannot be reached, is read here."""
         assert self._shared is not None
-        forwarder = self.forwarder
         handles = self._shared.handles
-        if forwarder is not None and (owner := handles.owner(fh)) != forwarder.index:
-            record = handles.get(fh)
-            if record is not None and (
-                self._whole_files is not None or record.size > self.config.block_size
-            ):
-                try:
-                    return await forwarder.read(owner, fh, offset, size)
-                except ForwardFailed as exc:
-                    log.info("reading handle %d here: %s", fh, exc)
-        handle = await self._adopt_file_handle(fh)
+        record = handles.get(fh)
+        if record is None or record.etag is None:
+            raise FsError(errno.EBADF)
+        forwarder = self.forwarder
+        if (
+            forwarder is not None
+            and (owner := handles.owner(fh)) != forwarder.index
+            and (self._whole_files is not None or record.size > self.config.block_size)
+        ):
+            try:
+                return await forwarder.read(owner, fh, offset, size)
+            except ForwardFailed as exc:
+                log.info("reading handle %d here: %s", fh, exc)
+        handle = self._files.get(fh) or await self._adopt_file_handle(fh, record)
         return await handle.reader.read(offset, size)
 
     def release(self, fh: int) -> None:
