@@ -6,8 +6,9 @@ mount starts"):
 
 1. the source (and the metrics address) are checked in a short-lived child, so this process
    starts no thread before it forks and a bad source stops the mount before anything is mounted;
-2. the shared state (names, handles, open versions, stats) is created, the mount is made, INIT
-   is answered in a helper thread (`fuse_processes.answer_init`) and the kernel is tuned;
+2. the shared state (names, handles, open versions, stats, the account's breaker) is created,
+   the mount is made, INIT is answered in a helper thread (`fuse_processes.answer_init`) and
+   the kernel is tuned;
 3. a zygote forks the workers (and replaces a worker that dies); every process, this one
    included, then builds its own storage client and parts, with its share of the memory budgets,
    and serves the connection. This process also serves the stats socket, the hints socket and
@@ -58,6 +59,7 @@ from blobmount.process_stats import StatsShare, publish_every
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import pid_alive
 from blobmount.settings import Settings
+from blobmount.storage.shared_flow import SharedFlow
 from blobmount.storage.shared_pages import SharedListPages
 from blobmount.units import format_size
 
@@ -79,6 +81,8 @@ class _Mount:
     namespace: SharedNamespace
     stats: StatsShare
     folder: Path
+    #: the account's breaker and Retry-After pause, one for every process
+    flow: SharedFlow
 
 
 def process_share(settings: Settings, processes: int) -> Settings:
@@ -124,7 +128,8 @@ def serve_processes(request: MountRequest, notifier: ReadyNotifier) -> None:
     folder = _shared_folder()
     (folder / PAGES).mkdir()
     namespace = SharedNamespace.create(folder, settings.worker_processes)
-    mount = _Mount(request, FuseOperations(), namespace, StatsShare(folder), folder)
+    flow = SharedFlow.create(folder)
+    mount = _Mount(request, FuseOperations(), namespace, StatsShare(folder), folder, flow)
     zygote = Zygote(settings.worker_processes - 1, lambda index: _run_worker(mount, index))
     try:
         pyfuse3.init(mount.ops, str(request.mountpoint), fuse_options(settings, spec))
@@ -140,6 +145,7 @@ def serve_processes(request: MountRequest, notifier: ReadyNotifier) -> None:
         # the workers end with the connection; each may still be writing its disk tier queue
         zygote.stop(timeout_s=float(settings.unmount_timeout_s))
         namespace.close()
+        flow.close()
         shutil.rmtree(folder, ignore_errors=True)
     log.info("unmounted %s", request.mountpoint)
 
@@ -218,7 +224,7 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
             format_size(settings.hint_memory_limit),
         )
     async with (
-        open_storage(settings, mount.request.spec) as own_stack,
+        open_storage(settings, mount.request.spec, shared_flow=mount.flow) as own_stack,
         open_mount(
             settings,
             mount.request.spec,

@@ -28,6 +28,7 @@ from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.flow import account_flow
 from blobmount.storage.flow_client import FlowControlledStorageClient
 from blobmount.storage.retry import RetryingStorageClient
+from blobmount.storage.shared_flow import SharedFlow
 from blobmount.storage.synthetic import SyntheticDataset, SyntheticStorageClient
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,16 @@ async def open_synthetic_storage(
 
 @asynccontextmanager
 async def open_storage(
-    settings: Settings, spec: SourceSpec, factory: StorageFactory | None = None
+    settings: Settings,
+    spec: SourceSpec,
+    factory: StorageFactory | None = None,
+    *,
+    shared_flow: SharedFlow | None = None,
 ) -> AsyncIterator[StorageStack]:
     """The stack over `factory`'s client (default: `open_source_storage`'s for `spec`): the flow
     control of its account (shared with every other stack on that account in this
-    process), retries (AZUREML_DATASET_HTTP_RETRY_COUNT) that wait for the account's
+    process; its breaker and pause with the other processes of the mount through
+    `shared_flow`), retries (AZUREML_DATASET_HTTP_RETRY_COUNT) that wait for the account's
     Retry-After too, then request counting on top.
 
     With DATASET_MOUNT_SNAPSHOT, the snapshot is loaded first (a damaged one stops here, before
@@ -149,7 +155,9 @@ async def open_storage(
     opener = factory or (lambda: open_source_storage(settings, spec))
     async with opener() as client:
         account = client.location.split("/", 1)[0]
-        flow = FlowControlledStorageClient(client, account_flow(account, flow_config(settings)))
+        flow = FlowControlledStorageClient(
+            client, account_flow(account, flow_config(settings), shared_flow)
+        )
         retrying = RetryingStorageClient(flow, retries=settings.http_retry_count, pacer=flow.flow)
         counting = CountingStorageClient(retrying)
         top: StorageClient = counting

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,73 @@ class Admission(enum.Enum):
     REJECT = "reject"  # fail it at once
 
 
+class FailureRun:
+    """The current run of transient failures, and whether it says storage is down: nothing but
+    failures for `open_after_s`, at least `min_failures` of them, for at least two keys."""
+
+    def __init__(self, open_after_s: float, min_failures: int = MIN_FAILURES) -> None:
+        self.open_after_s = open_after_s  # 0 or less: never says so
+        self._min_failures = min_failures
+        self.reset()
+
+    def reset(self) -> None:
+        """An answer came (or the breaker opened): a new run starts at the next failure."""
+        self.failures = 0
+        self.first_at = math.inf
+        self._first_key: str | None = None
+        self._keys_differ = False
+
+    def add(self, now: float, key: str) -> bool:
+        """Count a failure of a request for `key`; True when the run now says storage is down."""
+        if self.failures == 0:
+            self.first_at = now
+            self._first_key = key
+        elif key != self._first_key:
+            self._keys_differ = True
+        self.failures += 1
+        return (
+            self.open_after_s > 0
+            and self._keys_differ
+            and self.failures >= self._min_failures
+            and now - self.first_at >= self.open_after_s
+        )
+
+    def log_opened(self, now: float) -> None:
+        log.warning(
+            "storage failed all %d requests of the last %.1fs: new reads fail at once "
+            "(EIO) until a probe request gets an answer",
+            self.failures,
+            now - self.first_at,
+        )
+
+
+def log_closed(open_for_s: float) -> None:
+    log.warning("storage answers again after %.1fs: requests go through again", open_for_s)
+
+
+class Breaker(Protocol):
+    """What the flow controller drives: this module's `CircuitBreaker`, or the one breaker of
+    a multi-process mount (storage/shared_flow.py). Times are the caller's clock, in seconds."""
+
+    @property
+    def state(self) -> BreakerState: ...
+
+    @property
+    def opened(self) -> int: ...
+
+    def open_s(self, now: float) -> float: ...
+
+    def rejects(self, now: float) -> bool: ...
+
+    def admit(self, now: float) -> Admission: ...
+
+    def on_answer(self, now: float, *, probe: bool = False) -> None: ...
+
+    def probe_abandoned(self) -> None: ...
+
+    def on_failure(self, now: float, key: str, *, probe: bool = False) -> None: ...
+
+
 class CircuitBreaker:
     """The breaker's state machine; times are the caller's clock in seconds."""
 
@@ -50,19 +118,13 @@ class CircuitBreaker:
         min_failures: int = MIN_FAILURES,
         probe_interval_s: float = PROBE_INTERVAL_S,
     ) -> None:
-        self.open_after_s = open_after_s  # 0 or less: never opens
-        self._min_failures = min_failures
+        self._run = FailureRun(open_after_s, min_failures)
         self._probe_interval_s = probe_interval_s
         self.state = BreakerState.CLOSED
         self.opened = 0  # times it opened
         self._opened_at = math.inf
         self._next_probe_at = math.inf
         self._probing = False
-        # the current run of failures
-        self._failures = 0
-        self._first_failure_at = math.inf
-        self._first_key: str | None = None
-        self._keys_differ = False
 
     def open_s(self, now: float) -> float:
         """How long it has been open (half-open counts as open); 0 when closed."""
@@ -85,16 +147,11 @@ class CircuitBreaker:
 
     def on_answer(self, now: float, *, probe: bool = False) -> None:
         """Storage answered a request (success or a permanent error)."""
-        self._failures = 0
-        self._first_failure_at = math.inf
-        self._first_key, self._keys_differ = None, False
+        self._run.reset()
         if self.state is BreakerState.CLOSED:
             return
         if probe or self.state is BreakerState.HALF_OPEN:
-            log.warning(
-                "storage answers again after %.1fs: requests go through again",
-                now - self._opened_at,
-            )
+            log_closed(now - self._opened_at)
             self.state = BreakerState.CLOSED
             self._probing = False
             self._opened_at = self._next_probe_at = math.inf
@@ -115,25 +172,9 @@ class CircuitBreaker:
             return
         if self.state is BreakerState.OPEN:
             return  # a request sent before it opened
-        if self._failures == 0:
-            self._first_failure_at = now
-            self._first_key = key
-        elif key != self._first_key:
-            self._keys_differ = True
-        self._failures += 1
-        if (
-            self.open_after_s > 0
-            and self._keys_differ
-            and self._failures >= self._min_failures
-            and now - self._first_failure_at >= self.open_after_s
-        ):
+        if self._run.add(now, key):
             self.state = BreakerState.OPEN
             self.opened += 1
             self._opened_at = now
             self._next_probe_at = now + self._probe_interval_s
-            log.warning(
-                "storage failed all %d requests of the last %.1fs: new reads fail at once "
-                "(EIO) until a probe request gets an answer",
-                self._failures,
-                now - self._first_failure_at,
-            )
+            self._run.log_opened(now)

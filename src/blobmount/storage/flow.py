@@ -21,7 +21,8 @@ Waiting for the send rate and a slot is bounded together (`max_queue_wait_s`): p
 request goes anyway, so a queue behind stalled requests cannot stretch a read beyond its bound.
 
 Controllers are kept per account in a trio RunVar (`account_flow`): every storage stack opened
-in one process (one trio run) on the same account shares one.
+in one process (one trio run) on the same account shares one. The processes of a multi-process
+mount also share the breaker and the Retry-After pause (storage/shared_flow.py).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from dataclasses import dataclass
 import trio
 
 from blobmount.storage.aimd import InFlightLimit, SendRate, Served
-from blobmount.storage.breaker import Admission, BreakerState, CircuitBreaker
+from blobmount.storage.breaker import Admission, Breaker, BreakerState, CircuitBreaker
 from blobmount.storage.overload import CircuitOpen, Throttled, TimedOut, is_congestion
+from blobmount.storage.shared_flow import SharedBreaker, SharedFlow
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,8 @@ class Sent:
 class FlowController:
     """The flow controller of one storage account (see the module docstring)."""
 
-    def __init__(self, account: str, config: FlowConfig) -> None:
+    def __init__(self, account: str, config: FlowConfig, shared: SharedFlow | None = None) -> None:
+        """`shared`: the breaker and pause of a multi-process mount's processes."""
         self.account = account
         self.config = config
         ceiling = max(1, config.max_in_flight)
@@ -125,10 +128,14 @@ class FlowController:
         self._served = Served()
         self._next_send = -math.inf  # the send rate's next free moment
         self._slots = trio.CapacityLimiter(ceiling)
-        self._breaker = CircuitBreaker(
-            open_after_s=config.breaker_open_after_s,
-            probe_interval_s=config.breaker_probe_interval_s,
+        open_after_s = config.breaker_open_after_s
+        probe_interval_s = config.breaker_probe_interval_s
+        self._breaker: Breaker = (
+            CircuitBreaker(open_after_s=open_after_s, probe_interval_s=probe_interval_s)
+            if shared is None
+            else SharedBreaker(shared, open_after_s=open_after_s, probe_interval_s=probe_interval_s)
         )
+        self._shared = shared
         self._paused_until = -math.inf
         self._sent = 0
         self._throttled = 0
@@ -143,7 +150,8 @@ class FlowController:
 
     def pause_remaining(self) -> float:
         """Seconds until the account's Retry-After pause ends (0 when none)."""
-        return max(0.0, self._paused_until - trio.current_time())
+        remaining = max(0.0, self._paused_until - trio.current_time())
+        return remaining if self._shared is None else max(remaining, self._shared.pause_remaining())
 
     def _reject(self, what: Callable[[], str]) -> CircuitOpen:
         self._fast_failures += 1
@@ -281,6 +289,8 @@ class FlowController:
             if retry_after:
                 pause = min(float(retry_after), self.config.max_retry_after_s)
                 self._paused_until = max(self._paused_until, now + pause)
+                if self._shared is not None:
+                    self._shared.pause_for(pause)
         self._breaker.on_failure(now, key, probe=probe)
 
     def _push_back(self, exc: BaseException, sent_at: float, now: float, *, paused: bool) -> None:
@@ -322,9 +332,11 @@ class FlowController:
 _FLOWS: trio.lowlevel.RunVar[dict[str, FlowController]] = trio.lowlevel.RunVar("blobmount_flows")
 
 
-def account_flow(account: str, config: FlowConfig) -> FlowController:
-    """The flow controller of `account` in this trio run, made with `config` by the first
-    caller (later callers share it, whatever config they pass)."""
+def account_flow(
+    account: str, config: FlowConfig, shared: SharedFlow | None = None
+) -> FlowController:
+    """The flow controller of `account` in this trio run, made with `config` (and `shared`) by
+    the first caller (later callers share it, whatever they pass)."""
     try:
         flows = _FLOWS.get()
     except LookupError:
@@ -332,5 +344,5 @@ def account_flow(account: str, config: FlowConfig) -> FlowController:
         _FLOWS.set(flows)
     controller = flows.get(account)
     if controller is None:
-        controller = flows[account] = FlowController(account, config)
+        controller = flows[account] = FlowController(account, config, shared)
     return controller
