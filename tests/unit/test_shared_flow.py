@@ -126,7 +126,7 @@ def test_one_process_opens_the_breaker_for_all_and_one_probe_closes_it(
         return b.state.value
 
     assert in_child(other_probes_and_gets_an_answer) == "closed"
-    assert mine.state is BreakerState.CLOSED
+    assert shared.read().state is BreakerState.CLOSED
     assert mine.admit(0.0) is Admission.PASS
     assert mine.open_s(0.0) == 0.0
 
