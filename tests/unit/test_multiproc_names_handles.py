@@ -123,6 +123,30 @@ def test_what_a_child_publishes_resolves_in_the_parent(names, tmp_path):
     gate.close()
 
 
+def test_a_batch_is_published_in_one_append_and_known_ones_are_left_out(names):
+    names.publish(10, "known")
+    gate = Gate()
+
+    def reader() -> None:  # forked before the batch: reads it from the log
+        gate.wait()
+        assert names.path_of(11) == "d/a"
+        assert names.path_of(12) == "d/b"
+        assert names.statistics().records_read == 2
+
+    pid = fork(reader)
+    before = names.statistics().log_bytes
+    # a readdirplus reply's entries: one already known, one twice
+    names.publish_all([(10, "known"), (11, "d/a"), (12, "d/b"), (11, "d/a")])
+    stats = names.statistics()
+    assert stats.records_written == 3
+    assert stats.log_bytes == before + 2 * 12 + len("d/a") + len("d/b")
+    names.publish_all([(11, "d/a")])  # nothing new: the log is not touched
+    assert names.statistics().log_bytes == stats.log_bytes
+    gate.open()
+    assert wait(pid) == 0
+    gate.close()
+
+
 def test_processes_publishing_the_same_inodes_at_once_write_whole_records(names, tmp_path):
     gate = Gate()
     shared = list(range(1000, 3000))

@@ -71,31 +71,80 @@ async def test_with_a_ttl_a_page_is_listed_again_once_it_expired(store, tmp_path
     assert [c.list_requests for c in counted] == [1, 1]
 
 
-async def test_two_at_once_end_up_with_the_same_page(store, tmp_path):
-    """Both list before either stored: the second to store takes the first's page."""
-    counted, (one, other) = two(store, tmp_path)
-    release_one = trio.Event()
-    real = counted[0].list_page
+def held_lists(counted: CountingStorageClient) -> trio.Event:
+    """Make `counted`'s list requests wait, after storage answered, until the event is set."""
+    release = trio.Event()
+    real = counted.list_page
 
     async def held(*args, **kwargs):
         page = await real(*args, **kwargs)
-        await release_one.wait()
+        await release.wait()
         return page
 
-    counted[0].list_page = held
+    counted.list_page = held
+    return release
+
+
+async def test_a_page_being_listed_is_waited_for_not_listed_again(store, tmp_path):
+    counted, (one, other) = two(store, tmp_path)
+    release_one = held_lists(counted[0])
     got = {}
 
     async def first():
         got["one"] = await one.list_page("d/")
 
+    async def second():
+        got["other"] = await other.list_page("d/")
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
         await trio.testing.wait_all_tasks_blocked()
-        store.put("d/late", b"l")
-        got["other"] = await other.list_page("d/")  # listed after the change, stored first
+        nursery.start_soon(second)
+        await trio.sleep(0.05)  # the second looks for the page a few times meanwhile
+        assert "other" not in got
         release_one.set()
     assert names(got["one"]) == names(got["other"])
-    assert "d/late" in names(got["one"])
+    assert [c.list_requests for c in counted] == [1, 0]
+    assert not list(tmp_path.glob("*.claim"))
+
+
+async def test_a_claim_that_ends_without_a_page_or_whose_process_died_is_not_waited_for(
+    store, tmp_path
+):
+    counted, (one, other) = two(store, tmp_path)
+    store.delete("d/f0")
+    store.delete("d/f1")
+    gate = trio.Event()
+
+    async def broken(*args, **kwargs):
+        await gate.wait()
+        raise RuntimeError("storage said no")
+
+    async def fails():
+        with pytest.raises(RuntimeError):
+            await one.list_page("d/")
+
+    async def fail_soon():
+        await trio.sleep(0.02)
+        gate.set()
+
+    counted[0].list_page = broken
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fails)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(fail_soon)
+        # the claimer's request fails: the waiter lists it itself
+        assert len((await other.list_page("d/")).blobs) == 3
+    assert counted[1].list_requests == 1
+
+    # a claim left by a process that was killed (a pid that is not running) is taken over
+    request = repr((one.location, "d/", "/", None, 2))
+    claim = tmp_path / (one.page_path(request).name + ".claim")
+    claim.write_text("999999999")
+    counted[0].list_page = CountingStorageClient(store).list_page
+    with trio.fail_after(1):
+        assert len((await one.list_page("d/", max_results=2)).blobs) == 2
+    assert not claim.exists()
 
 
 async def test_an_unwritable_folder_lists_unshared(store, tmp_path, caplog):

@@ -343,6 +343,22 @@ class BlobFilesystem:
         already holds some: the kernel's buffer can take ~6,000 entries, and the reader should
         get the first page's entries without waiting for the second (the kernel asks again)."""
         handle = self._dirs.get(fh) or await self._adopt_dir_handle(fh)
+        # the entries handed out, for the other processes: published in one go before the
+        # reply goes out (the kernel learns their numbers from the reply alone)
+        handed: list[tuple[int, str]] | None = None if self._shared is None else []
+        try:
+            await self._reply_entries(handle, start, reply, handed)
+        finally:
+            if handed and self._shared is not None:
+                self._shared.names.publish_all(handed)
+
+    async def _reply_entries(
+        self,
+        handle: _DirHandle,
+        start: int,
+        reply: Replier,
+        handed: list[tuple[int, str]] | None,
+    ) -> None:
         listing = handle.listing
         index = start
         while True:
@@ -358,8 +374,8 @@ class BlobFilesystem:
                 self.inodes.release_if_unused(node)
                 return
             node.lookups += 1  # readdirplus: an accepted entry counts as a lookup
-            if self._shared is not None:
-                self._shared.names.publish(node.inode, node.path)
+            if handed is not None:
+                handed.append((node.inode, node.path))
             index += 1
 
     def releasedir(self, fh: int) -> None:

@@ -14,6 +14,16 @@ own, so all processes build their listings from the same pages, and the continua
 them lead all of them to the same next pages. With a TTL a stored page serves for the TTL, after
 which the next process to need it lists it again and replaces it.
 
+Processes walking the same folders at the same time need the same pages at the same moment, so
+a process about to list a page first claims it (a `.claim` file beside it, created exclusively,
+holding its pid); a process that finds the page claimed waits for the claimer to store it
+rather than sending the same request. It lists on its own if the claimer ends without a page
+(its request failed), if the claimer's process is gone, or after `CLAIM_WAIT_S`.
+
+A page is stored as plain tuples (a blob's fields in `BlobProps` order), not as the pickled
+dataclasses: pickling a slots dataclass looks up its fields for every object, which made
+storing and loading a page of 5,000 names several times dearer.
+
 Storing is best effort: when the folder is full or unwritable the page is used unshared (and
 that is logged once), as a process of a mount without this layer would.
 """
@@ -27,12 +37,35 @@ import pickle
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import fields
+from enum import Enum
+from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
-from blobmount.storage.base import MAX_LIST_PAGE, ListPage, StorageClient
+import trio
+
+from blobmount.runstate import pid_alive
+from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
 from blobmount.storage.wrapper import WrappingStorageClient
 
 log = logging.getLogger(__name__)
+
+#: the longest a process waits for another's claimed page before listing it itself
+CLAIM_WAIT_S = 60.0
+#: the first and the longest pause between two looks for a claimed page
+_FIRST_LOOK_S = 0.0005
+_LAST_LOOK_S = 0.02
+
+
+class _Claim(Enum):
+    OURS = "ours"  # this process lists the page; the others wait for it
+    THEIRS = "theirs"  # a live process lists it: wait for its page
+    NONE = "none"  # no claim can be made (an unwritable folder): list unshared
+
+
+#: a blob as the tuple stored: its fields in declaration order, so `BlobProps(*row)` rebuilds it
+_blob_row = attrgetter(*(field.name for field in fields(BlobProps)))
 
 
 class SharedListPages(WrappingStorageClient):
@@ -64,31 +97,84 @@ class SharedListPages(WrappingStorageClient):
         max_results: int = MAX_LIST_PAGE,
     ) -> ListPage:
         request = repr((self.location, prefix, delimiter, continuation, max_results))
-        path = self._folder / hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
+        path = self.page_path(request)
         page = self._load(path, request)
-        if page is not None:
-            self.shared_hits += 1
-            return page
-        page = await self.inner.list_page(
-            prefix, delimiter=delimiter, continuation=continuation, max_results=max_results
-        )
-        return self._store(path, request, page)
+        if page is None:
+            claim = _claim_path(path)
+            mine = self._claim(claim)
+            if mine is _Claim.THEIRS:
+                page = await self._claimed_page(path, request, claim)
+            if page is None:
+                try:
+                    page = await self.inner.list_page(
+                        prefix,
+                        delimiter=delimiter,
+                        continuation=continuation,
+                        max_results=max_results,
+                    )
+                    return self._store(path, request, page)
+                finally:
+                    if mine is _Claim.OURS:
+                        _remove(claim)
+        self.shared_hits += 1
+        return page
+
+    def page_path(self, request: str) -> Path:
+        """Where the page answering `request` (the repr of its parameters) is stored."""
+        return self._folder / hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
+
+    def _claim(self, claim: Path) -> _Claim:
+        """Claim the listing of a page, unless a live process has claimed it."""
+        for _ in range(2):
+            try:
+                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                if _claimer_alive(claim):
+                    return _Claim.THEIRS
+                _remove(claim)  # its process is gone: claim it afresh
+                continue
+            except OSError:
+                return _Claim.NONE
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+            return _Claim.OURS
+        return _Claim.NONE
+
+    async def _claimed_page(self, path: Path, request: str, claim: Path) -> ListPage | None:
+        """The page another process claimed, once it is stored; None if the claimer ended
+        without one, its process is gone, or it took longer than CLAIM_WAIT_S."""
+        deadline = trio.current_time() + CLAIM_WAIT_S
+        pause = _FIRST_LOOK_S
+        while trio.current_time() < deadline:
+            await trio.sleep(pause)
+            page = self._load(path, request)
+            if page is not None:
+                return page
+            if not _exists(claim):
+                return self._load(path, request)  # stored just before the claim went
+            if pause >= _LAST_LOOK_S and not _claimer_alive(claim):
+                return None
+            pause = min(pause * 2, _LAST_LOOK_S)
+        log.warning("a list page another process claimed took over %.0fs: listing it", CLAIM_WAIT_S)
+        return None
 
     def _load(self, path: Path, request: str) -> ListPage | None:
         """The stored page at `path` if it answers `request` and is fresh, else None."""
         try:
             with open(path, "rb") as f:
-                stored_request, stored_at, page = pickle.load(f)
+                stored_request, stored_at, rows, prefixes, continuation = pickle.load(f)
         except FileNotFoundError:
             return None
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
             log.warning("a shared list page is unreadable (%s): listing again", exc)
             return None
-        if stored_request != request or not isinstance(page, ListPage):
+        if stored_request != request:
             return None  # a hash collision: this request lists on its own
         if self._ttl_s is not None and self._clock() - stored_at >= self._ttl_s:
             return None
-        return page
+        return ListPage(tuple(BlobProps(*row) for row in rows), prefixes, continuation)
 
     def _store(self, path: Path, request: str, page: ListPage) -> ListPage:
         """Store `page` for the other processes; the page every process uses for `request`
@@ -100,8 +186,7 @@ class SharedListPages(WrappingStorageClient):
         try:
             try:
                 with os.fdopen(fd, "wb") as f:
-                    record = (request, self._clock(), page)
-                    pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dump(self._record(request, page), f, protocol=pickle.HIGHEST_PROTOCOL)
             except OSError as exc:
                 return self._unshared(page, exc)
             try:
@@ -121,6 +206,10 @@ class SharedListPages(WrappingStorageClient):
             except FileNotFoundError:
                 pass
 
+    def _record(self, request: str, page: ListPage) -> tuple[Any, ...]:
+        rows = [_blob_row(blob) for blob in page.blobs]
+        return (request, self._clock(), rows, page.prefixes, page.continuation)
+
     def _unshared(self, page: ListPage, exc: OSError) -> ListPage:
         if not self._unshared_logged:
             self._unshared_logged = True
@@ -130,3 +219,31 @@ class SharedListPages(WrappingStorageClient):
                 exc,
             )
         return page
+
+
+def _claim_path(page: Path) -> Path:
+    return page.with_name(page.name + ".claim")
+
+
+def _claimer_alive(claim: Path) -> bool:
+    """Whether the process whose pid `claim` holds is alive (a claim being written counts)."""
+    try:
+        text = claim.read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    if not text.isdigit():
+        return True  # created, its pid not written yet
+    return pid_alive(int(text))
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()  # a stat in /dev/shm: memory, no disk to wait for
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
