@@ -65,8 +65,9 @@ class Scenario(ABC):
     settings_note: ClassVar[str] = ""
     #: diagnostic mounts: system name -> settings applied on top of `mount_env`
     mount_variants: ClassVar[Mapping[str, Mapping[str, str]]] = {}
-    #: mounts whose readers hint their order: system name -> hint window (files ahead)
-    hinted_variants: ClassVar[Mapping[str, int]] = {}
+    #: mounts whose readers hint their order: system name -> hint window (files ahead) and
+    #: settings applied on top of `mount_env` (a diagnostic mount when there are any)
+    hinted_variants: ClassVar[Mapping[str, tuple[int, Mapping[str, str]]]] = {}
     #: for a scenario with phases: also run blobmount and rclone-full as `<name>-kept`, whose
     #: kernel caches are dropped only before the run, not between phases (as in a training job)
     kept_cache_variants: ClassVar[bool] = False

@@ -30,7 +30,10 @@ def default_systems(scenario: Scenario, workload: Workload) -> list[System]:
             for w in ((False, True) if whole else (False,))
         ),
         *(BlobmountSystem(name, env) for name, env in scenario.mount_variants.items()),
-        *(BlobmountSystem(name, hint_window=w) for name, w in scenario.hinted_variants.items()),
+        *(
+            BlobmountSystem(name, env, hint_window=w)
+            for name, (w, env) in scenario.hinted_variants.items()
+        ),
         *([BlobmountSystem(keep_kernel_caches=True)] if kept else []),
         *([BlobmountSystem(keep_kernel_caches=True, whole_file=True)] if kept and whole else []),
         *(RcloneSystem(mode) for mode in RCLONE_CACHE_MODES),

@@ -111,10 +111,14 @@ class SmallFilesHinted(SmallFiles):
     title = "Many small files (~25 KB), read once by 4 threads, with and without read-order hints"
     settings_note = (
         "seed: disk cache off, memory cache 0 (block cache on); blobmount-hints: the readers' "
-        "order hinted 512 files ahead, hint settings default"
+        "order hinted 512 files ahead, hint settings default; blobmount-hints-2p: the same with "
+        "DATASET_MOUNT_WORKER_PROCESSES=2"
     )
     threads = 4
-    hinted_variants = {"blobmount-hints": 512}
+    hinted_variants = {
+        "blobmount-hints": (512, {}),
+        "blobmount-hints-2p": (512, TWO_PROCESSES["blobmount-2p"]),
+    }
     whole_file_rows = False
     reader_rows = ()
     mount_variants = {}

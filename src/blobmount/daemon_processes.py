@@ -48,7 +48,7 @@ from blobmount.daemon import (
 )
 from blobmount.errors import BlobmountError, exit_status
 from blobmount.fs import wakeup
-from blobmount.fs.forward import ReadForwarder, ReadServer
+from blobmount.fs.forward import MAIN_PROCESS, ReadForwarder, ReadServer
 from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.fuse_processes import EXIT_CONNECTION_ENDED, Zygote, answer_init
 from blobmount.memory_limit import usable_memory_bytes
@@ -85,9 +85,11 @@ class _Mount:
     flow: SharedFlow
 
 
-def process_share(settings: Settings, processes: int) -> Settings:
-    """One process's settings: the memory budgets divided between the processes, so the
-    settings bound the whole tree (the disk cache is one folder every process prunes)."""
+def process_share(settings: Settings, processes: int, index: int) -> Settings:
+    """Process `index`'s settings: the memory budgets divided between the processes, so the
+    settings bound the whole tree (the disk cache is one folder every process prunes). The
+    hint memory is the main process's alone: it serves the hints socket, and the opens of
+    hinted files are passed to it (multiproc/hinted_names.py)."""
     if processes <= 1:
         return settings
     read_ahead = read_ahead_budget(settings, usable_memory_bytes())
@@ -95,7 +97,7 @@ def process_share(settings: Settings, processes: int) -> Settings:
         update={
             "memory_cache_size": settings.memory_cache_size // processes,
             "read_ahead_memory_limit": max(1, read_ahead // processes),
-            "hint_memory_limit": settings.hint_memory_limit // processes,
+            "hint_memory_limit": settings.hint_memory_limit if index == MAIN_PROCESS else 0,
         }
     )
 
@@ -213,11 +215,11 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
     # the check before mounting logged the source and the settings; every process opening its
     # storage would log them again, with its share of the budgets
     logging.getLogger("blobmount.compose.storage").setLevel(logging.WARNING)
-    settings = process_share(mount.request.settings, mount.request.settings.worker_processes)
+    settings = process_share(mount.request.settings, mount.request.settings.worker_processes, index)
     if index == 0:
         log.info(
             "%d processes serve the mount; each has its share of the memory budgets: RAM cache "
-            "%s, read-ahead %s, hint memory %s",
+            "%s, read-ahead %s; hint memory %s in the main process",
             mount.request.settings.worker_processes,
             format_size(settings.memory_cache_size),
             format_size(settings.read_ahead_memory_limit or 0),
@@ -234,7 +236,9 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
         trio.open_nursery() as forwarding,
     ):
         # READs of this process's handles that land in another process come back here
-        server = ReadServer(mount.folder, index, parts.fs.read, wakeup.wake)
+        server = ReadServer(
+            mount.folder, index, parts.fs.read, wakeup.wake, parts.fs.open_for_another
+        )
         await forwarding.start(server.run)
         forwarder = ReadForwarder(mount.folder, index, forwarding, wakeup.wake)
         parts.fs.forwarder = forwarder

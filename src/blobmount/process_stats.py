@@ -99,7 +99,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
     # inodes: entries of each process's own table (an inode two processes know counts twice)
     NamespaceStats: {
         **dict.fromkeys(("inodes", "open_files", "open_dirs"), _G),
-        **dict.fromkeys(("forwarded_reads", "forward_failures"), _C),
+        **dict.fromkeys(("forwarded_reads", "forward_failures", "forwarded_opens"), _C),
     },
     CatalogStats: {
         "mode": _M,

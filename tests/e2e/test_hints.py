@@ -18,7 +18,6 @@ from blobmount.hints.client import HintChannel, hinted
 from blobmount.runstate import hints_socket
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import daemon_stats as stats
-from tests.helpers.single_process import HINTS_IN_MAIN
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
 
@@ -64,7 +63,6 @@ def read_check(path, i: int) -> None:
         assert f.read() == pattern_bytes(name_of(i), 0, size_of(i)), name_of(i)
 
 
-@HINTS_IN_MAIN
 def test_hinted_shuffled_reads_hit_blocks_fetched_ahead(dataset, mount_factory):
     daemon = mount_factory(dataset, env=ONE_PASS)
     order = list(range(FILES))
@@ -111,7 +109,6 @@ def test_wrong_hints_change_no_byte_and_cost_bounded_memory(dataset, mount_facto
     assert wait_for(lambda: stats(daemon)["hints"]["invalid"] == 2)
 
 
-@HINTS_IN_MAIN
 def test_the_hint_window_stays_bounded_when_nobody_reads(dataset, mount_factory):
     env = {
         **ONE_PASS,
@@ -160,7 +157,6 @@ def test_paths_outside_the_mount_are_ignored_by_the_helper(dataset, mount_factor
     assert wait_for(lambda: stats(daemon)["hints"]["received"] == 1)
 
 
-@HINTS_IN_MAIN
 def test_a_client_may_send_its_whole_order_and_go(dataset, mount_factory):
     daemon = mount_factory(dataset, env=ONE_PASS)
     mnt = daemon.mountpoint

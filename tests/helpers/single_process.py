@@ -21,7 +21,3 @@ LISTS_PER_PROCESS = pytest.mark.single_process(
     "each process keeps its own catalog (pages, walks), and the start-up check's list request "
     "is made in a child: counts differ"
 )
-#: the hints socket is the main process's: it prefetches into its own RAM tier
-HINTS_IN_MAIN = pytest.mark.single_process(
-    "hinted blocks are fetched into the main process's RAM tier only"
-)

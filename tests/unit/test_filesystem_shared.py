@@ -2,6 +2,7 @@
 may land in either, and a handle read in the other never mixes blob versions."""
 
 import errno
+import os
 
 import pytest
 import trio
@@ -152,3 +153,68 @@ async def test_a_large_files_handle_is_read_by_its_opener(nursery, shared, tmp_p
     assert bytes(await two.read(opened.fh, 2 * B, 10)) == big[2 * B : 2 * B + 10]
     assert counted[1].range_requests == 2
     assert two.forwarder.failed == 1
+
+
+async def test_an_open_of_a_hinted_file_is_made_by_the_main_process(nursery, shared, tmp_path):
+    """The main process (index 0) has hints for a/d.bin: an open of it in another process is
+    made by the main process, whose handle every READ then goes to (there are its hinted
+    blocks); other files are opened where the OPEN lands. (In one process both filesystems
+    allocate handle numbers from one range: who opened a handle shows in `open_files`.)"""
+    from blobmount.fs.forward import ReadForwarder, ReadServer
+    from blobmount.storage.counting import CountingStorageClient
+
+    mem = store()
+    counted = [CountingStorageClient(mem), CountingStorageClient(mem)]
+    main, other = (
+        BlobFilesystem(
+            storage,
+            BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery),
+            FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B),
+            shared=shared,
+        )
+        for storage in counted
+    )
+    with trio.CancelScope() as main_scope:
+        async with trio.open_nursery() as main_side:
+            await main_side.start(
+                ReadServer(tmp_path, 0, main.read, None, main.open_for_another).run
+            )
+            main.forwarder = ReadForwarder(tmp_path, 0, nursery)
+            other.forwarder = ReadForwarder(tmp_path, 1, nursery)
+            a = await other.lookup(ROOT_INODE, "a")
+            d_inode = (await other.lookup(a.inode, "d.bin")).inode
+            c_inode = (await other.lookup((await other.lookup(a.inode, "b")).inode, "c.bin")).inode
+            shared.hinted.add("a/d.bin")  # as the main process's hint coordinator does
+
+            opened = await other.open(d_inode, os.O_RDONLY)
+            assert other.forwarder.opens == 1
+            record = shared.handles.get(opened.fh)
+            assert record is not None
+            assert record.by_owner
+            assert (main.open_files, other.open_files) == (1, 0)
+            # a one-block file, yet its READ in the other process is read by the main one
+            assert bytes(await other.read(opened.fh, 0, 100)) == b"d" * 10
+            assert bytes(await main.read(opened.fh, 0, 100)) == b"d" * 10
+            assert counted[1].range_requests == 0
+            assert other.forwarder.forwarded == 1
+            other.release(opened.fh)
+
+            # the main process's own open of a hinted file: its READs come back to it too
+            own = await main.open(d_inode, os.O_RDONLY)
+            own_record = shared.handles.get(own.fh)
+            assert own_record is not None
+            assert own_record.by_owner
+            main.release(own.fh)
+
+            # a file without hints is opened where the OPEN lands
+            plain = await other.open(c_inode, os.O_RDONLY)
+            assert (main.open_files, other.open_files) == (0, 1)
+            assert other.forwarder.opens == 1
+            other.release(plain.fh)
+
+            # with the main process gone, the open is made here
+            main_scope.cancel()
+    alone = await other.open(d_inode, os.O_RDONLY)
+    assert other.open_files == 1
+    assert bytes(await other.read(alone.fh, 0, 100)) == b"d" * 10
+    assert other.forwarder.failed == 1

@@ -305,3 +305,40 @@ def test_hinted_tops_the_window_up_in_batches(monkeypatch):
     assert sum(sent) == len(items)
     assert sent[0] == window
     assert set(sent[1:-1]) == {window // 8}
+
+
+class Published:
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.added: list[str] = []
+
+    def add(self, name: str) -> None:
+        self.names.add(name)
+        self.added.append(name)
+
+    def discard(self, name: str) -> None:
+        self.names.discard(name)
+
+
+async def test_the_names_with_hints_queued_or_ahead_are_published(nursery):
+    """What the other processes of a mount read to pass their opens of hinted files on."""
+    fs, blocks, _, storage, mem = build(nursery, 40, window=4)
+    published = Published()
+    hints = HintCoordinator(HintConfig(window=4), blocks, fs.version_of, "", published)
+    blocks.hinted.on_free = hints.room_freed
+    fs.open_listener = hints
+    await hint_files(nursery, hints, files(range(10)))
+    # 4 ahead, 6 queued: all published
+    assert published.names == set(files(range(10)))
+    await read_file(fs, "d/0000")  # used: no longer waiting for an open
+    assert "d/0000" not in published.names
+    await read_file(fs, "d/0007")  # 1-6 behind it... still within the reorder slack
+    assert "d/0007" not in published.names
+    await settle()
+    for i in range(8, 10):  # read the rest, in order: nothing is left
+        await read_file(fs, f"d/{i:04d}")
+    for i in range(1, 7):
+        await read_file(fs, f"d/{i:04d}")
+    await settle()
+    assert published.names == set()
+    assert sorted(published.added) == files(range(10))

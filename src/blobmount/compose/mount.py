@@ -117,7 +117,13 @@ async def open_mount(
         prefetcher = (
             blocks if caches.whole_files is None else WholeFileHints(caches.whole_files, work)
         )
-        hints = HintCoordinator(hint_config(settings), prefetcher, fs.version_of, spec.prefix)
+        hints = HintCoordinator(
+            hint_config(settings),
+            prefetcher,
+            fs.version_of,
+            spec.prefix,
+            None if shared is None else shared.hinted,
+        )
         blocks.hinted.on_free = hints.room_freed
         fs.open_listener = hints
         try:

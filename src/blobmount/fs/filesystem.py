@@ -26,7 +26,7 @@ from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
-from blobmount.fs.forward import ForwardFailed, ReadForwarder
+from blobmount.fs.forward import MAIN_PROCESS, ForwardFailed, ReadForwarder
 from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
@@ -97,6 +97,8 @@ class NamespaceStats:
     #: those it could not be asked (gone, being replaced) and were read here
     forwarded_reads: int = 0
     forward_failures: int = 0
+    #: OPENs of a file whose hinted blocks the main process holds, passed to it
+    forwarded_opens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,22 +394,32 @@ class BlobFilesystem:
             catalog=self.catalog.statistics(),
             forwarded_reads=0 if self.forwarder is None else self.forwarder.forwarded,
             forward_failures=0 if self.forwarder is None else self.forwarder.failed,
+            forwarded_opens=0 if self.forwarder is None else self.forwarder.opens,
         )
 
     # -- files -----------------------------------------------------------------------------
 
-    async def open(self, inode: int, flags: int) -> OpenedFile:
+    async def open(self, inode: int, flags: int, *, for_another: bool = False) -> OpenedFile:
+        """Open `inode`; `for_another`: for another process of the mount, which passed the
+        OPEN here because this process holds the file's hinted blocks (so its READs come here
+        too)."""
         if flags & _WRITE_FLAGS:
             raise FsError(errno.EROFS)
         node = self.inodes.get(inode) or await self._adopt(inode)
         if node.is_dir:
             raise FsError(errno.EISDIR)
         version = await self._current_version(node)
+        if not for_another:
+            opened = await self._open_in_hints_process(inode, flags, version)
+            if opened is not None:
+                return opened
+        # a file this process has hints for: its READs come here, where its hinted blocks are
+        by_owner = for_another or self._hinted_here(version)
         etag = version.etag
         reader = await self._open_reader(version)
         # no await from here on: the bookkeeping below happens all or not at all
         if self._shared is not None:
-            return self._open_shared(node, version, reader)
+            return self._open_shared(node, version, reader, by_owner=by_owner)
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
@@ -426,14 +438,52 @@ class BlobFilesystem:
             self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
 
-    def _open_shared(self, node: Node, version: BlobVersion, reader: OpenReader) -> OpenedFile:
+    async def open_for_another(self, inode: int, flags: int) -> tuple[int, bool, bool]:
+        """`open` for another process (fs/forward.py): handle, keep_cache, direct_io."""
+        opened = await self.open(inode, flags, for_another=True)
+        return opened.fh, opened.keep_cache, opened.direct_io
+
+    def _hinted_here(self, version: BlobVersion) -> bool:
+        return (
+            self._shared is not None
+            and self.forwarder is not None
+            and self.forwarder.index == MAIN_PROCESS
+            and self._shared.hinted.holds(version.name)
+        )
+
+    async def _open_in_hints_process(
+        self, inode: int, flags: int, version: BlobVersion
+    ) -> OpenedFile | None:
+        """The open, made by the main process when it has hints for the blob (and this is
+        another process); None when it is to be opened here."""
+        forwarder = self.forwarder
+        if (
+            self._shared is None
+            or forwarder is None
+            or forwarder.index == MAIN_PROCESS
+            or not self._shared.hinted.holds(version.name)
+        ):
+            return None
+        try:
+            fh, keep_cache, direct_io = await forwarder.open(MAIN_PROCESS, inode, flags)
+        except ForwardFailed as exc:
+            log.info("opening %s here: %s", version.name, exc)
+            return None
+        return OpenedFile(fh, keep_cache, direct_io)
+
+    def _open_shared(
+        self, node: Node, version: BlobVersion, reader: OpenReader, *, by_owner: bool
+    ) -> OpenedFile:
         """The open of a mount several processes serve: the page-cache rules of `open` above
         applied to every process's handles of the inode (the shared open versions), and a handle
-        number any process can resolve to the pinned version."""
+        number any process can resolve to the pinned version (`by_owner`: whose READs all come
+        to this process)."""
         assert self._shared is not None
         keep_cache, direct_io = self._shared.versions.opened(node.inode, version.etag)
         try:
-            fh = self._shared.handles.add(node.inode, version.etag, version.size, direct_io)
+            fh = self._shared.handles.add(
+                node.inode, version.etag, version.size, direct_io, by_owner=by_owner
+            )
         except BaseException:
             self._shared.versions.released(node.inode, version.etag, direct_io)
             reader.close()
@@ -522,8 +572,9 @@ class BlobFilesystem:
 
     async def _read_foreign(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """A READ of a handle another process opened. A file of several blocks (any file in
-        whole-file mode) is read by its opener, which holds its read-ahead or its copy; a
-        one-block file, or any file when the opener cannot be reached, is read here."""
+        whole-file mode), or one opened with its hinted blocks, is read by its opener, which
+        holds its read-ahead, its copy or those blocks; a one-block file, or any file when the
+        opener cannot be reached, is read here."""
         assert self._shared is not None
         handles = self._shared.handles
         record = handles.get(fh)
@@ -533,7 +584,11 @@ class BlobFilesystem:
         if (
             forwarder is not None
             and (owner := handles.owner(fh)) != forwarder.index
-            and (self._whole_files is not None or record.size > self.config.block_size)
+            and (
+                record.by_owner
+                or self._whole_files is not None
+                or record.size > self.config.block_size
+            )
         ):
             try:
                 return await forwarder.read(owner, fh, offset, size)

@@ -13,6 +13,11 @@ replacement takes over its predecessor's handles) and keeps one connection to ea
 process it has forwarded to (`ReadForwarder`). Requests on a connection are numbered and
 answered in any order.
 
+The same connection carries OPENs of a file the main process has read-order hints for
+(multiproc/hinted_names.py): the main process opens it, with its hinted blocks and a handle
+whose READs all come back to it, and the process that got the OPEN answers the kernel with
+that handle.
+
 A request that cannot be forwarded (the opener is gone, or is being replaced) raises
 `ForwardFailed`, and the caller reads the pinned version itself, so a READ never fails because
 another process died.
@@ -42,8 +47,11 @@ _PEER_CREDENTIALS = struct.Struct("<iII")
 #: socket buffers big enough for a whole 1 MiB answer: fewer wake-ups of both ends per answer
 #: (the kernel caps them at net.core.wmem_max and rmem_max)
 SOCKET_BUFFER = 4 * 1024 * 1024
-#: request id, handle, offset, size
-_REQUEST = struct.Struct("<QQQI")
+#: request id, kind, then for a READ: handle, offset, size; for an OPEN: inode, flags, 0
+_REQUEST = struct.Struct("<QBQQI")
+_READ, _OPEN = 0, 1
+#: an OPEN's answer: handle, keep_cache, direct_io
+_OPENED = struct.Struct("<QBB")
 #: request id, errno (0: the bytes follow), length of the bytes
 _ANSWER = struct.Struct("<QiI")
 #: the largest READ the kernel sends is 1 MiB (FUSE's max_pages); anything much larger is a
@@ -52,10 +60,16 @@ MAX_ANSWER = 64 * 1024 * 1024
 
 #: what a server calls to read: the filesystem's own read of a handle it opened
 ReadFn = Callable[[int, int, int], Awaitable[bytes | memoryview]]
+#: what a server calls to open for another process: inode, flags -> handle, keep_cache, direct_io
+OpenFn = Callable[[int, int], Awaitable[tuple[int, bool, bool]]]
 
 
 class ForwardFailed(Exception):
     """The READ could not be passed to its opener (no such process now, or it went away)."""
+
+
+#: the main process's index: it serves the hints socket and holds the hinted blocks
+MAIN_PROCESS = 0
 
 
 def socket_path(folder: Path, index: int) -> Path:
@@ -94,10 +108,16 @@ class ReadServer:
     """Answers forwarded READs of the handles this process opened, with `read`."""
 
     def __init__(
-        self, folder: Path, index: int, read: ReadFn, wake: Callable[[int], None] | None = None
+        self,
+        folder: Path,
+        index: int,
+        read: ReadFn,
+        wake: Callable[[int], None] | None = None,
+        open_for: OpenFn | None = None,
     ) -> None:
         self.path = socket_path(folder, index)
         self._read = read
+        self._open = open_for
         #: called with the forwarding process's pid after each answer (see ReadForwarder)
         self._wake = wake
         self.served = 0
@@ -132,25 +152,27 @@ class ReadServer:
                         raw = await _receive_exactly(conn, _REQUEST.size)
                     except (OSError, EOFError):  # the forwarding process ended
                         return
-                    request_id, fh, offset, size = _REQUEST.unpack(raw)
-                    nursery.start_soon(
-                        self._answer, conn, sending, peer_pid, request_id, fh, offset, size
-                    )
+                    request = _REQUEST.unpack(raw)
+                    nursery.start_soon(self._answer, conn, sending, peer_pid, request)
 
     async def _answer(
         self,
         conn: trio.socket.SocketType,
         sending: trio.Lock,
         peer_pid: int,
-        request_id: int,
-        fh: int,
-        offset: int,
-        size: int,
+        request: tuple[int, int, int, int, int],
     ) -> None:
+        request_id, kind, number, offset, size = request
         data: bytes | memoryview = b""
         error = 0
         try:
-            data = await self._read(fh, offset, size)
+            if kind == _READ:
+                data = await self._read(number, offset, size)
+            elif kind == _OPEN and self._open is not None:
+                fh, keep_cache, direct_io = await self._open(number, offset)
+                data = _OPENED.pack(fh, keep_cache, direct_io)
+            else:
+                raise FsError(errno.ENOSYS, f"a forwarded request of kind {kind}")
         except Exception as exc:  # the errno FUSE would have answered, logged as it would be
             error, level = errno_for(exc)
             log.log(level, "read failed: %s", exc, exc_info=level >= logging.ERROR)
@@ -237,18 +259,46 @@ class ReadForwarder:
         self._connections: dict[int, _Connection] = {}
         self._ids = itertools.count(1)
         self.forwarded = 0
+        self.opens = 0
         self.failed = 0
 
     async def read(self, owner: int, fh: int, offset: int, size: int) -> bytes | memoryview:
         """The bytes the opener `owner` reads for handle `fh`. Raises FsError with the
         opener's errno, or ForwardFailed (read it yourself)."""
         try:
+            data = await self._ask(owner, _READ, fh, offset, size)
+        except FsError:
+            self.forwarded += 1  # answered, with an error
+            raise
+        self.forwarded += 1
+        return memoryview(data)
+
+    async def open(self, owner: int, inode: int, flags: int) -> tuple[int, bool, bool]:
+        """Have process `owner` open `inode`: its handle, keep_cache and direct_io. Raises
+        FsError with its errno, or ForwardFailed (open it yourself)."""
+        try:
+            data = await self._ask(owner, _OPEN, inode, flags, 0)
+        except FsError:
+            self.opens += 1
+            raise
+        try:
+            fh, keep_cache, direct_io = _OPENED.unpack(data)
+        except struct.error as exc:
+            self.failed += 1
+            raise ForwardFailed(f"an open answered with {len(data)} bytes") from exc
+        self.opens += 1
+        return fh, bool(keep_cache), bool(direct_io)
+
+    async def _ask(self, owner: int, kind: int, number: int, offset: int, size: int) -> bytearray:
+        """Send one request to process `owner` and wait for its answer's bytes."""
+        try:
             conn = await self._connection(owner)
             request_id = next(self._ids)
             waiter = conn.pending[request_id] = _Pending()
             try:
                 async with conn.sending:
-                    await _send_all(conn.sock, _REQUEST.pack(request_id, fh, offset, size))
+                    request = _REQUEST.pack(request_id, kind, number, offset, size)
+                    await _send_all(conn.sock, request)
             except OSError as exc:  # the next read connects afresh
                 conn.fail(ForwardFailed(f"the opening process went away: {exc}"))
                 raise ForwardFailed(f"the opening process went away: {exc}") from exc
@@ -264,11 +314,10 @@ class ReadForwarder:
         if waiter.problem is not None:
             self.failed += 1
             raise waiter.problem
-        self.forwarded += 1
         if waiter.errno:
             raise FsError(waiter.errno)
         assert waiter.data is not None
-        return memoryview(waiter.data)
+        return waiter.data
 
     async def _connection(self, owner: int) -> _Connection:
         conn = self._connections.get(owner)

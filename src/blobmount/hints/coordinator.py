@@ -19,6 +19,12 @@ sampler in the training process, or one data-loader worker). For each stream:
   still acted on, until the job has opened none of its files for `GRACE_S`; then the rest is
   given up.
 
+With several processes (DATASET_MOUNT_WORKER_PROCESSES) only the main process has a coordinator
+that gets hints; it records the names of the blobs it has hints for (queued or ahead) in a set
+all the processes read (`published`, multiproc/hinted_names.py), so that an open of one of them
+landing in another process is passed to it (fs/forward.py): it finds the blocks, and the
+coordinator sees the open.
+
 Hints are advisory: a wrong or stale hint costs bandwidth and hinted-store memory (both bounded),
 never a wrong byte, because reads always go through the block manager with the version the
 open pinned.
@@ -57,6 +63,14 @@ class Prefetcher(Protocol):
     ) -> int | None: ...
 
     def drop_hinted(self, version: BlobVersion) -> int: ...
+
+
+class NameSet(Protocol):
+    """Where the names of the blobs with hints queued or ahead are published."""
+
+    def add(self, name: str) -> None: ...
+
+    def discard(self, name: str) -> None: ...
 
 
 #: resolves a mount-relative path to the version an open would pin now (None: not a file)
@@ -143,9 +157,15 @@ class HintStream:
 
 class HintCoordinator:
     def __init__(
-        self, config: HintConfig, prefetcher: Prefetcher, resolve: Resolver, blob_prefix: str
+        self,
+        config: HintConfig,
+        prefetcher: Prefetcher,
+        resolve: Resolver,
+        blob_prefix: str,
+        published: NameSet | None = None,
     ) -> None:
         self.config = config
+        self._published = published
         self._prefetcher = prefetcher
         self._resolve = resolve
         self._blob_prefix = blob_prefix
@@ -176,7 +196,12 @@ class HintCoordinator:
             await stream.wait_for_queue_room()
         hint = _Hint(stream, next(self._seq), path, self._blob_prefix + path)
         stream.queue.append(hint)
-        self._by_blob.setdefault(hint.blob, []).append(hint)
+        hints = self._by_blob.get(hint.blob)
+        if hints is None:
+            hints = self._by_blob[hint.blob] = []
+            if self._published is not None:
+                self._published.add(hint.blob)
+        hints.append(hint)
         self._received += 1
         stream.wake_task("hints")
 
@@ -323,6 +348,8 @@ class HintCoordinator:
             return
         if not hints:
             del self._by_blob[hint.blob]
+            if self._published is not None:
+                self._published.discard(hint.blob)
 
     def statistics(self) -> HintStats:
         streams = self._streams.values()

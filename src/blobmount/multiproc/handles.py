@@ -58,7 +58,7 @@ _FLAGS_OFFSET = struct.calcsize("<IIQQ")
 _FLAGS = struct.Struct("<B")
 
 #: flags: a slot is in use exactly when its flags are not 0
-_USED, _FILE, _DIRECT_IO = 0x01, 0x02, 0x04
+_USED, _FILE, _DIRECT_IO, _BY_OWNER = 0x01, 0x02, 0x04, 0x08
 
 _SLOT_BITS = 32
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
@@ -79,6 +79,8 @@ class HandleRecord:
     size: int
     #: the open bypassed the page cache (another version of the inode was open)
     direct_io: bool = False
+    #: every READ goes to the owner (it holds the file's hinted blocks)
+    by_owner: bool = False
 
 
 class SharedHandles:
@@ -130,7 +132,14 @@ class SharedHandles:
         self._next = len(flags.rstrip(b"\0"))
         self._scan()
 
-    def add(self, inode: int, etag: str | None, size: int, direct_io: bool = False) -> int:
+    def add(
+        self,
+        inode: int,
+        etag: str | None,
+        size: int,
+        direct_io: bool = False,
+        by_owner: bool = False,
+    ) -> int:
         """A new handle for `inode` (a folder's when `etag` is None): its number, above 0 and
         below 2**64. OSError(ENFILE) when this process's range is full."""
         if self._pid != os.getpid():
@@ -138,7 +147,12 @@ class SharedHandles:
         raw = b"" if etag is None else etag.encode("utf-8", "surrogatepass")
         if len(raw) > ETAG_MAX:
             raise ValueError(f"an ETag of {len(raw)} bytes (at most {ETAG_MAX}): {etag!r}")
-        flags = _USED | (0 if etag is None else _FILE) | (_DIRECT_IO if direct_io else 0)
+        flags = (
+            _USED
+            | (0 if etag is None else _FILE)
+            | (_DIRECT_IO if direct_io else 0)
+            | (_BY_OWNER if by_owner else 0)
+        )
         tail = _TAIL.pack(inode, size, flags, len(raw), raw)  # struct.error before any write
         slot = self._take()
         offset = slot * SLOT_SIZE
@@ -288,4 +302,4 @@ def _record(fields: tuple[Any, ...], generation: int) -> HandleRecord | None:
     if not flags or slot_generation != generation:
         return None
     text = etag[:length].decode("utf-8", "surrogatepass") if flags & _FILE else None
-    return HandleRecord(inode, text, size, bool(flags & _DIRECT_IO))
+    return HandleRecord(inode, text, size, bool(flags & _DIRECT_IO), bool(flags & _BY_OWNER))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.multiproc.handles import SharedHandles
+from blobmount.multiproc.hinted_names import SharedHintedNames
 from blobmount.multiproc.names import SharedNames
 from blobmount.multiproc.open_versions import SharedOpenVersions
 
@@ -27,6 +28,8 @@ class SharedNamespace:
     versions: SharedOpenVersions
     #: the disk cache's usage and reservations: one budget for every process's writes
     budget: SharedBudgetCounters
+    #: the blobs the main process has hints for: their opens are passed to it
+    hinted: SharedHintedNames
 
     @classmethod
     def create(cls, folder: Path, processes: int) -> SharedNamespace:
@@ -35,6 +38,7 @@ class SharedNamespace:
             SharedHandles.create(folder, processes),
             SharedOpenVersions.create(folder),
             SharedBudgetCounters.create(folder),
+            SharedHintedNames.create(folder),
         )
 
     def close(self) -> None:
@@ -42,3 +46,4 @@ class SharedNamespace:
         self.handles.close()
         self.versions.close()
         self.budget.close()
+        self.hinted.close()
