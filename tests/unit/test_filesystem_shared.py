@@ -13,6 +13,7 @@ from blobmount.fs.errno_map import FsError
 from blobmount.fs.filesystem import BlobFilesystem, FsConfig
 from blobmount.multiproc.namespace import SharedNamespace
 from blobmount.namespace.inodes import ROOT_INODE
+from blobmount.storage.counting import CountingStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from tests.helpers.readdir import read_entries
 
@@ -37,6 +38,21 @@ def store():
     mem.put("a/b/c.bin", b"c" * 1000)
     mem.put("a/d.bin", b"d" * 10)
     return mem
+
+
+def counted_pair(nursery, mem, shared):
+    """Two filesystems on `shared`, each with its own counted client of `mem`, no RAM tier."""
+    counted = [CountingStorageClient(mem), CountingStorageClient(mem)]
+    pair = tuple(
+        BlobFilesystem(
+            storage,
+            BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery),
+            FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B),
+            shared=shared,
+        )
+        for storage in counted
+    )
+    return counted, pair
 
 
 async def d_bin_in_one(nursery, mem, shared):
@@ -116,22 +132,12 @@ async def test_a_large_files_handle_is_read_by_its_opener(nursery, shared, tmp_p
     read-ahead, one fetch per block); a one-block file is read where the READ lands; with the
     opener gone the other reads the pinned version itself."""
     from blobmount.fs.forward import ReadForwarder, ReadServer
-    from blobmount.storage.counting import CountingStorageClient
     from blobmount.testing.pattern import pattern_bytes
 
     mem = store()
     big = pattern_bytes("big", 0, 5 * B + 17)
     mem.put("a/big.bin", big)
-    counted = [CountingStorageClient(mem), CountingStorageClient(mem)]
-    one, two = (
-        BlobFilesystem(
-            storage,
-            BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery),
-            FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B),
-            shared=shared,
-        )
-        for storage in counted
-    )
+    counted, (one, two) = counted_pair(nursery, mem, shared)
     with trio.CancelScope() as opener_scope:
         async with trio.open_nursery() as opener_side:
             await opener_side.start(ReadServer(tmp_path, 0, one.read).run)
@@ -161,19 +167,9 @@ async def test_an_open_of_a_hinted_file_is_made_by_the_main_process(nursery, sha
     blocks); other files are opened where the OPEN lands. (In one process both filesystems
     allocate handle numbers from one range: who opened a handle shows in `open_files`.)"""
     from blobmount.fs.forward import ReadForwarder, ReadServer
-    from blobmount.storage.counting import CountingStorageClient
 
     mem = store()
-    counted = [CountingStorageClient(mem), CountingStorageClient(mem)]
-    main, other = (
-        BlobFilesystem(
-            storage,
-            BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery),
-            FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B),
-            shared=shared,
-        )
-        for storage in counted
-    )
+    counted, (main, other) = counted_pair(nursery, mem, shared)
     with trio.CancelScope() as main_scope:
         async with trio.open_nursery() as main_side:
             await main_side.start(
