@@ -214,3 +214,34 @@ async def test_an_open_of_a_hinted_file_is_made_by_the_main_process(nursery, sha
     assert other.open_files == 1
     assert bytes(await other.read(alone.fh, 0, 100)) == b"d" * 10
     assert other.forwarder.failed == 1
+
+
+async def test_an_interrupted_open_passed_to_the_main_process_leaves_no_handle(
+    nursery, shared, tmp_path
+):
+    """The job's open is interrupted while the main process opens the file for it: the handle
+    the main process made is released, not left open for ever."""
+    from blobmount.fs.forward import ReadForwarder, ReadServer
+
+    mem = store()
+    _, (main, other) = counted_pair(nursery, mem, shared)
+
+    async def slow_open(inode: int, flags: int) -> tuple[int, bool, bool]:
+        await trio.sleep(0.05)
+        return await main.open_for_another(inode, flags)
+
+    with trio.CancelScope() as main_scope:
+        async with trio.open_nursery() as main_side:
+            await main_side.start(ReadServer(tmp_path, 0, main.read, None, slow_open).run)
+            main.forwarder = ReadForwarder(tmp_path, 0, nursery)
+            other.forwarder = ReadForwarder(tmp_path, 1, nursery)
+            a = await other.lookup(ROOT_INODE, "a")
+            d_inode = (await other.lookup(a.inode, "d.bin")).inode
+            shared.hinted.add("a/d.bin")
+            with trio.move_on_after(0.01) as interrupted:
+                await other.open(d_inode, os.O_RDONLY)
+            assert interrupted.cancelled_caught
+            assert other.forwarder.opens == 1
+            etag = (await mem.get_properties("a/d.bin")).etag
+            assert shared.versions.open_count(d_inode, etag) == 0
+            main_scope.cancel()

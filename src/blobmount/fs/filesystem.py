@@ -97,7 +97,7 @@ class NamespaceStats:
     #: those it could not be asked (gone, being replaced) and were read here
     forwarded_reads: int = 0
     forward_failures: int = 0
-    #: OPENs of a file whose hinted blocks the main process holds, passed to it
+    #: OPENs of a file the main process has read-order hints for, passed to it
     forwarded_opens: int = 0
 
 
@@ -401,8 +401,7 @@ class BlobFilesystem:
 
     async def open(self, inode: int, flags: int, *, for_another: bool = False) -> OpenedFile:
         """Open `inode`; `for_another`: for another process of the mount, which passed the
-        OPEN here because this process holds the file's hinted blocks (so its READs come here
-        too)."""
+        OPEN here because this process has hints for the file (so its READs come here too)."""
         if flags & _WRITE_FLAGS:
             raise FsError(errno.EROFS)
         node = self.inodes.get(inode) or await self._adopt(inode)
@@ -464,11 +463,19 @@ class BlobFilesystem:
             or not self._shared.hinted.holds(version.name)
         ):
             return None
+        # shielded: a handle the main process made for an open interrupted meanwhile would be
+        # open for ever, so the answer is awaited and the handle released if nobody gets it
+        with trio.CancelScope(shield=True):
+            try:
+                fh, keep_cache, direct_io = await forwarder.open(MAIN_PROCESS, inode, flags)
+            except ForwardFailed as exc:
+                log.info("opening %s here: %s", version.name, exc)
+                return None
         try:
-            fh, keep_cache, direct_io = await forwarder.open(MAIN_PROCESS, inode, flags)
-        except ForwardFailed as exc:
-            log.info("opening %s here: %s", version.name, exc)
-            return None
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.Cancelled:
+            self.release(fh)
+            raise
         return OpenedFile(fh, keep_cache, direct_io)
 
     def _open_shared(
