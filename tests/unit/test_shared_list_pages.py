@@ -1,6 +1,8 @@
 """SharedListPages: two "processes" (two wrappers over their own clients of one store) see one
 view of each folder, and list each page once between them."""
 
+import os
+
 import pytest
 import trio
 import trio.testing
@@ -145,6 +147,14 @@ async def test_a_claim_that_ends_without_a_page_or_whose_process_died_is_not_wai
     with trio.fail_after(1):
         assert len((await one.list_page("d/", max_results=2)).blobs) == 2
     assert not claim.exists()
+
+    # and so is one whose process died before writing its pid (empty, and not new)
+    request = repr((one.location, "d/", "/", None, 3))
+    claim = tmp_path / (one.page_path(request).name + ".claim")
+    claim.write_text("")
+    os.utime(claim, (0, 0))
+    with trio.fail_after(1):
+        assert len((await one.list_page("d/", max_results=3)).blobs) == 3
 
 
 async def test_an_unwritable_folder_lists_unshared(store, tmp_path, caplog):

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: the longest a process waits for another's claimed page before listing it itself
 CLAIM_WAIT_S = 60.0
+#: a claim still without its pid after this long was left by a process that died
+UNWRITTEN_CLAIM_S = 5.0
 #: the first and the longest pause between two looks for a claimed page
 _FIRST_LOOK_S = 0.0005
 _LAST_LOOK_S = 0.02
@@ -234,7 +236,11 @@ def _claimer_alive(claim: Path) -> bool:
     except OSError:
         return True
     if not text.isdigit():
-        return True  # created, its pid not written yet
+        # created, its pid not written yet; or its process died in between
+        try:
+            return time.time() - claim.stat().st_mtime < UNWRITTEN_CLAIM_S
+        except FileNotFoundError:
+            return False
     return pid_alive(int(text))
 
 
