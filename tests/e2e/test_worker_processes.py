@@ -1,6 +1,7 @@
 """A mount served by two processes (DATASET_MOUNT_WORKER_PROCESSES=2), through a real mount of a
-synthetic:// source: every byte right, stats summed over the processes, a SIGKILLed worker
-replaced, a SIGKILLed main process leaving nothing behind, memory bounded for the tree."""
+synthetic:// source: every byte right, stats summed over the processes, a large file and whole
+files fetched once however the kernel spreads their requests, hinted files too, a SIGKILLed
+worker replaced, a SIGKILLed main process leaving nothing behind, memory bounded for the tree."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from blobmount.hints.client import hinted
 from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
 from tests.e2e.test_operations import free_port, scrape
@@ -190,6 +192,31 @@ def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
     assert whole["downloads"] == DATASET.small_files
     assert whole["downloaded_bytes"] == DATASET.small_files * DATASET.small_size
     assert stats["namespace"]["forwarded_reads"] > 0
+
+
+def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_processes) -> None:
+    # The main process downloads the hinted files ahead (whole-file mode); the kernel sends
+    # about half the opens to the worker, which passes them to the main process rather than
+    # download the files again, and the main process sees every open (its window moves on).
+    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    order = list(SMALL)
+    random.Random(4).shuffle(order)
+    root = daemon.mountpoint
+    for name in hinted(order, window=64, path_of=lambda name: root / name):
+        with open(root / name, "rb") as f:
+            assert f.read() == expected_bytes(DATASET, name, 0, DATASET.small_size), name
+    _wait_for(
+        lambda: (
+            daemon_stats(daemon)["whole_file"]["served_bytes"]
+            == DATASET.small_files * DATASET.small_size
+        ),
+        "stats of every process",
+    )
+    stats = daemon_stats(daemon)
+    assert stats["whole_file"]["downloads"] == DATASET.small_files
+    assert stats["hints"]["used"] >= 0.9 * DATASET.small_files, stats["hints"]
+    assert stats["namespace"]["forwarded_opens"] > 0
 
 
 def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:
