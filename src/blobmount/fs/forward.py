@@ -175,7 +175,8 @@ class ReadServer:
                 raise FsError(errno.ENOSYS, f"a forwarded request of kind {kind}")
         except Exception as exc:  # the errno FUSE would have answered, logged as it would be
             error, level = errno_for(exc)
-            log.log(level, "read failed: %s", exc, exc_info=level >= logging.ERROR)
+            what = "open" if kind == _OPEN else "read"
+            log.log(level, "%s failed: %s", what, exc, exc_info=level >= logging.ERROR)
         self.served += 1
         try:
             async with sending:
