@@ -172,6 +172,18 @@ def test_a_large_file_is_fetched_once_however_its_reads_are_spread(two_processes
     assert DATASET.large_size <= fetched <= DATASET.large_size * 1.1, fetched
 
 
+def _whole_files_served(daemon: MountedDaemon) -> dict:
+    """The mount's stats once every process has published its part of the small files' reads."""
+    _wait_for(
+        lambda: (
+            daemon_stats(daemon)["whole_file"]["served_bytes"]
+            == DATASET.small_files * DATASET.small_size
+        ),
+        "stats of every process",
+    )
+    return daemon_stats(daemon)
+
+
 def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
     two_processes,
 ) -> None:
@@ -180,14 +192,7 @@ def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
     daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
     _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
     assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
-    _wait_for(
-        lambda: (
-            daemon_stats(daemon)["whole_file"]["served_bytes"]
-            == DATASET.small_files * DATASET.small_size
-        ),
-        "stats of every process",
-    )
-    stats = daemon_stats(daemon)
+    stats = _whole_files_served(daemon)
     whole = stats["whole_file"]
     assert whole["downloads"] == DATASET.small_files
     assert whole["downloaded_bytes"] == DATASET.small_files * DATASET.small_size
@@ -206,14 +211,7 @@ def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_proce
     for name in hinted(order, window=64, path_of=lambda name: root / name):
         with open(root / name, "rb") as f:
             assert f.read() == expected_bytes(DATASET, name, 0, DATASET.small_size), name
-    _wait_for(
-        lambda: (
-            daemon_stats(daemon)["whole_file"]["served_bytes"]
-            == DATASET.small_files * DATASET.small_size
-        ),
-        "stats of every process",
-    )
-    stats = daemon_stats(daemon)
+    stats = _whole_files_served(daemon)
     assert stats["whole_file"]["downloads"] == DATASET.small_files
     assert stats["hints"]["used"] >= 0.9 * DATASET.small_files, stats["hints"]
     assert stats["namespace"]["forwarded_opens"] > 0
