@@ -16,6 +16,7 @@ import pytest
 
 from blobmount.storage.breaker import Admission, BreakerState
 from blobmount.storage.flow import FlowConfig, FlowController
+from blobmount.storage.overload import Throttled
 from blobmount.storage.shared_flow import SharedBreaker, SharedFlow
 
 
@@ -189,11 +190,19 @@ def test_a_retry_after_pauses_every_process(shared: SharedFlow, clock: Clock) ->
     assert shared.pause_remaining() == 0.0
 
 
-async def test_a_controller_waits_for_a_pause_another_process_was_told(
-    shared: SharedFlow,
+async def test_a_retry_after_one_controller_gets_pauses_the_others(
+    shared: SharedFlow, clock: Clock
 ) -> None:
     controller = FlowController("acct", FlowConfig(), shared)
     assert controller.pause_remaining() == 0.0
     in_child(lambda: shared.pause_for(30.0))
     assert controller.pause_remaining() == pytest.approx(30.0)
-    assert controller.statistics().breaker == "closed"
+    clock.set(130.0)
+    # and the other way: the answer this controller gets pauses another process's
+    sent = await controller.acquire(lambda: "GET f")
+    sent.failed(Throttled("503", status=503, retry_after_s=10.0), "f")
+
+    def other_waits() -> float:
+        return FlowController("acct", FlowConfig(), shared).pause_remaining()
+
+    assert in_child(other_waits) == pytest.approx(10.0)

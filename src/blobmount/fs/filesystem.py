@@ -443,10 +443,13 @@ class BlobFilesystem:
         return opened.fh, opened.keep_cache, opened.direct_io
 
     def _hinted_here(self, version: BlobVersion) -> bool:
+        """Whether this is the main process and it has hints for the blob (it writes the set:
+        an empty one costs no lookup)."""
         return (
             self._shared is not None
             and self.forwarder is not None
             and self.forwarder.index == MAIN_PROCESS
+            and len(self._shared.hinted) > 0
             and self._shared.hinted.holds(version.name)
         )
 

@@ -21,12 +21,12 @@ full window records nothing, at the same cost.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import struct
 from pathlib import Path
 
+from blobmount.multiproc.open_versions import home_slot, version_hash
 from blobmount.shared_file import create_mapped
 
 FILE_NAME = "hinted"
@@ -35,14 +35,11 @@ WINDOW = 32
 
 _EMPTY, _REMOVED = 0, 1
 _KEY = struct.Struct("<Q")
-_MIX = 0x9E3779B97F4A7C15
-_U64 = (1 << 64) - 1
 
 
 def name_key(name: str) -> int:
     """The blob name's key in the set (never 0 or 1)."""
-    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") | 2
+    return version_hash(name) | 2
 
 
 class SharedHintedNames:
@@ -104,7 +101,8 @@ class SharedHintedNames:
         return False
 
     def __len__(self) -> int:
+        """Names this process added (the writer's count; 0 in the other processes)."""
         return len(self._mine)
 
     def _home(self, key: int) -> int:
-        return ((key * _MIX) & _U64) % self.slots
+        return home_slot(key, self.slots)

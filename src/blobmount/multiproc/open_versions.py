@@ -80,8 +80,14 @@ class OpenVersionStats:
     fallbacks: int
 
 
+def home_slot(key: int, slots: int) -> int:
+    """Where a 64-bit `key` starts looking in a table of `slots` (Fibonacci hashing spreads
+    consecutive keys)."""
+    return ((key * _MIX) & _U64) % slots
+
+
 def version_hash(etag: str) -> int:
-    """The 64-bit hash of an ETag the table stores."""
+    """The 64-bit hash of a text: an ETag here, a blob name in `hinted_names`."""
     digest = hashlib.blake2b(etag.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
@@ -242,7 +248,7 @@ class SharedOpenVersions:
     def _home(self, inode: int) -> int:
         if inode <= 0 or inode > _U64:
             raise ValueError(f"not an inode number: {inode}")
-        return ((inode * _MIX) & _U64) % self.slots
+        return home_slot(inode, self.slots)
 
     def _lock(self) -> None:
         pid = os.getpid()

@@ -150,8 +150,9 @@ class FlowController:
 
     def pause_remaining(self) -> float:
         """Seconds until the account's Retry-After pause ends (0 when none)."""
-        remaining = max(0.0, self._paused_until - trio.current_time())
-        return remaining if self._shared is None else max(remaining, self._shared.pause_remaining())
+        if self._shared is not None:  # the mount's, set by any of its processes
+            return self._shared.pause_remaining()
+        return max(0.0, self._paused_until - trio.current_time())
 
     def _reject(self, what: Callable[[], str]) -> CircuitOpen:
         self._fast_failures += 1
@@ -288,9 +289,10 @@ class FlowController:
                 self._push_back(exc, sent_at, now, paused=bool(retry_after))
             if retry_after:
                 pause = min(float(retry_after), self.config.max_retry_after_s)
-                self._paused_until = max(self._paused_until, now + pause)
                 if self._shared is not None:
                     self._shared.pause_for(pause)
+                else:
+                    self._paused_until = max(self._paused_until, now + pause)
         self._breaker.on_failure(now, key, probe=probe)
 
     def _push_back(self, exc: BaseException, sent_at: float, now: float, *, paused: bool) -> None:
