@@ -408,16 +408,15 @@ class BlobFilesystem:
         if node.is_dir:
             raise FsError(errno.EISDIR)
         version = await self._current_version(node)
-        if not for_another:
+        if self._shared is not None and not for_another:
             opened = await self._open_in_hints_process(inode, flags, version)
             if opened is not None:
                 return opened
-        # a file this process has hints for: its READs come here, where its hinted blocks are
-        by_owner = for_another or self._hinted_here(version)
         etag = version.etag
         reader = await self._open_reader(version)
         # no await from here on: the bookkeeping below happens all or not at all
         if self._shared is not None:
+            by_owner = for_another or self._hinted_here(version)
             return self._open_shared(node, version, reader, by_owner=by_owner)
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
@@ -443,7 +442,8 @@ class BlobFilesystem:
         return opened.fh, opened.keep_cache, opened.direct_io
 
     def _hinted_here(self, version: BlobVersion) -> bool:
-        """Whether this is the main process and it has hints for the blob (it writes the set:
+        """Whether this is the main process and it has hints for the blob, so the handle's
+        READs are to come here, where its hinted blocks are (the main process writes the set:
         an empty one costs no lookup)."""
         return (
             self._shared is not None
