@@ -135,6 +135,17 @@ SCENARIOS: tuple[SyntheticScenario, ...] = (
         )
         for readers in (16, 4, 1)
     ),
+    # whole-file mode (issue #29): the same files, each downloaded whole into the cache folder
+    *(
+        SyntheticScenario(
+            f"synthetic-whole-small-{readers}",
+            "small",
+            f"S3 shape in whole-file mode, {readers} reader(s)",
+            readers,
+            {**SmallFiles.mount_env, "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"},
+        )
+        for readers in (16, 1)
+    ),
     SyntheticScenario(
         "synthetic-large-sequential",
         "large",

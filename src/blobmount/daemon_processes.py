@@ -210,7 +210,7 @@ async def _check(request: MountRequest) -> None:
 @asynccontextmanager
 async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]:
     """This process's parts, serving the mount's requests from when they are built."""
-    mount.namespace.handles.bind(index)
+    mount.namespace.bind(index)
     wakeup.enable_blocked_read_wakeup()
     # the check before mounting logged the source and the settings; every process opening its
     # storage would log them again, with its share of the budgets

@@ -187,6 +187,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
             (
                 *("served_bytes", "cached_opens", "shared_opens", "downloads"),
                 *("downloaded_bytes", "failed_downloads", "fallbacks", "corrupt"),
+                "other_process_copies",
             ),
             _C,
         ),

@@ -199,6 +199,33 @@ def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
     assert stats["namespace"]["forwarded_reads"] > 0
 
 
+def test_a_later_epoch_in_whole_file_mode_downloads_nothing(two_processes) -> None:
+    # Each process knows only the copies it downloaded; the other's are found through the
+    # shared record (multiproc/whole_file_copies.py), not downloaded again (about half the
+    # files were).
+    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
+    first = _whole_files_served(daemon)["whole_file"]
+    assert first["downloads"] == DATASET.small_files
+    order = list(SMALL)
+    random.Random(1).shuffle(order)
+    assert wrong_files(daemon.mountpoint, DATASET, order, readers=8) == []
+
+    def opens(whole: dict) -> int:
+        # an open of the second epoch finds a copy (cached) or downloads one; its bytes may
+        # come from the page cache, so `served_bytes` does not count them
+        return whole["cached_opens"] + whole["downloads"]
+
+    _wait_for(
+        lambda: opens(daemon_stats(daemon)["whole_file"]) - opens(first) >= DATASET.small_files,
+        "stats of every process",
+    )
+    whole = daemon_stats(daemon)["whole_file"]
+    assert whole["downloads"] == DATASET.small_files
+    assert whole["other_process_copies"] > 0
+
+
 def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_processes) -> None:
     # The main process downloads the hinted files ahead (whole-file mode); the kernel sends
     # about half the opens to the worker, which passes them to the main process rather than

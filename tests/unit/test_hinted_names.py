@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from blobmount.multiproc.hinted_names import WINDOW, SharedHintedNames, name_key
+from blobmount.multiproc.hinted_names import SharedHintedNames, name_key
+from blobmount.multiproc.key_set import WINDOW
 
 
 def test_added_names_are_held_until_discarded(tmp_path):

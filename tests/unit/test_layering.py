@@ -20,7 +20,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "blobmount"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: know nothing of blobmount
     ("errors", "units", "_version", "logs", "unixsock", "runstate", "readiness", "memory_limit"),
-    ("shared_file",),  # a mapped file of zeros, for the state a mount's processes share
+    # a mapped file of zeros, and claim files: the state and the work a mount's processes share
+    ("shared_file", "claims"),
     ("mounttable",),
     # small helpers over the leaves
     ("source", "progress", "mountpoint", "fusectl"),

@@ -36,7 +36,6 @@ from blobmount.wholefile.cache import WholeFileCache, open_whole_file_cache
 from blobmount.wholefile.hints import WholeFileHints
 
 if TYPE_CHECKING:  # only multi-process mounts build these
-    from blobmount.cachedir.shared_budget import SharedBudgetCounters
     from blobmount.multiproc.namespace import SharedNamespace
 
 log = logging.getLogger(__name__)
@@ -66,13 +65,13 @@ class MountParts:
 async def open_caches(
     settings: Settings,
     storage: StorageClient,
-    *,
-    shared_budget: SharedBudgetCounters | None = None,
+    shared: SharedNamespace | None = None,
 ) -> AsyncIterator[Caches]:
     """The disk cache for the mode DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED picks, its background
-    tasks running; either may be None when turned off or unusable (logged). `shared_budget`:
-    the cache's space figures, shared by the processes of a multi-process mount."""
+    tasks running; either may be None when turned off or unusable (logged). `shared`: what the
+    processes of a multi-process mount share (the cache's space figures, whole-file downloads)."""
     location = storage.location
+    shared_budget = None if shared is None else shared.budget
     if settings.block_based_cache_enabled:
         disk_config = disk_tier_config(settings)
         async with open_block_disk_tier(disk_config, location, shared_budget=shared_budget) as disk:
@@ -80,7 +79,11 @@ async def open_caches(
         return
     log.info("whole-file mode: the block disk cache is off (files that do not fit stream)")
     async with open_whole_file_cache(
-        storage, whole_file_config(settings), location, shared_budget=shared_budget
+        storage,
+        whole_file_config(settings),
+        location,
+        shared_budget=shared_budget,
+        siblings=None if shared is None else shared.copies,
     ) as files:
         yield Caches(None, files)
 
@@ -95,9 +98,8 @@ async def open_mount(
     """The parts of a mount of `spec` over `storage`, wired to each other; on exit the
     background work is cancelled and the caches are closed. `shared`: the state every process
     of a multi-process mount resolves inodes and handles through (blobmount.multiproc)."""
-    budget = None if shared is None else shared.budget
     async with (
-        open_caches(settings, storage.client, shared_budget=budget) as caches,
+        open_caches(settings, storage.client, shared) as caches,
         trio.open_nursery() as work,
     ):
         config = block_manager_config(settings, usable_memory_bytes())

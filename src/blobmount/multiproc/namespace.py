@@ -16,6 +16,7 @@ from blobmount.multiproc.handles import SharedHandles
 from blobmount.multiproc.hinted_names import SharedHintedNames
 from blobmount.multiproc.names import SharedNames
 from blobmount.multiproc.open_versions import SharedOpenVersions
+from blobmount.multiproc.whole_file_copies import SiblingCopies
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,8 @@ class SharedNamespace:
     budget: SharedBudgetCounters
     #: the blobs the main process has hints for: their opens are passed to it
     hinted: SharedHintedNames
+    #: whole-file mode: the downloads in progress and the entries each process wrote
+    copies: SiblingCopies
 
     @classmethod
     def create(cls, folder: Path, processes: int) -> SharedNamespace:
@@ -39,7 +42,13 @@ class SharedNamespace:
             SharedOpenVersions.create(folder),
             SharedBudgetCounters.create(folder),
             SharedHintedNames.create(folder),
+            SiblingCopies.create(folder, processes),
         )
+
+    def bind(self, index: int) -> None:
+        """This process is process `index` of the mount (once per process, after the fork)."""
+        self.handles.bind(index)
+        self.copies.bind(index)
 
     def close(self) -> None:
         self.names.close()
@@ -47,3 +56,4 @@ class SharedNamespace:
         self.versions.close()
         self.budget.close()
         self.hinted.close()
+        self.copies.close()

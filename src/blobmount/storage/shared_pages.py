@@ -38,14 +38,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import fields
-from enum import Enum
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from blobmount.runstate import pid_alive
+from blobmount.claims import Claim, claimed_result, make_claim, release
 from blobmount.storage.base import MAX_LIST_PAGE, BlobProps, ListPage, StorageClient
 from blobmount.storage.wrapper import WrappingStorageClient
 
@@ -53,17 +50,6 @@ log = logging.getLogger(__name__)
 
 #: the longest a process waits for another's claimed page before listing it itself
 CLAIM_WAIT_S = 60.0
-#: a claim still without its pid after this long was left by a process that died
-UNWRITTEN_CLAIM_S = 5.0
-#: the first and the longest pause between two looks for a claimed page
-_FIRST_LOOK_S = 0.0005
-_LAST_LOOK_S = 0.02
-
-
-class _Claim(Enum):
-    OURS = "ours"  # this process lists the page; the others wait for it
-    THEIRS = "theirs"  # a live process lists it: wait for its page
-    NONE = "none"  # no claim can be made (an unwritable folder): list unshared
 
 
 #: a blob as the tuple stored: its fields in declaration order, so `BlobProps(*row)` rebuilds it
@@ -103,9 +89,11 @@ class SharedListPages(WrappingStorageClient):
         page = self._load(path, request)
         if page is None:
             claim = _claim_path(path)
-            mine = self._claim(claim)
-            if mine is _Claim.THEIRS:
-                page = await self._claimed_page(path, request, claim)
+            mine = make_claim(claim)
+            if mine is Claim.THEIRS:
+                page = await claimed_result(
+                    claim, lambda: self._load(path, request), CLAIM_WAIT_S, "a list page"
+                )
             if page is None:
                 try:
                     page = await self.inner.list_page(
@@ -116,51 +104,14 @@ class SharedListPages(WrappingStorageClient):
                     )
                     return self._store(path, request, page)
                 finally:
-                    if mine is _Claim.OURS:
-                        _remove(claim)
+                    if mine is Claim.OURS:
+                        release(claim)
         self.shared_hits += 1
         return page
 
     def page_path(self, request: str) -> Path:
         """Where the page answering `request` (the repr of its parameters) is stored."""
         return self._folder / hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
-
-    def _claim(self, claim: Path) -> _Claim:
-        """Claim the listing of a page, unless a live process has claimed it."""
-        for _ in range(2):
-            try:
-                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            except FileExistsError:
-                if _claimer_alive(claim):
-                    return _Claim.THEIRS
-                _remove(claim)  # its process is gone: claim it afresh
-                continue
-            except OSError:
-                return _Claim.NONE
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-            return _Claim.OURS
-        return _Claim.NONE
-
-    async def _claimed_page(self, path: Path, request: str, claim: Path) -> ListPage | None:
-        """The page another process claimed, once it is stored; None if the claimer ended
-        without one, its process is gone, or it took longer than CLAIM_WAIT_S."""
-        deadline = trio.current_time() + CLAIM_WAIT_S
-        pause = _FIRST_LOOK_S
-        while trio.current_time() < deadline:
-            await trio.sleep(pause)
-            page = self._load(path, request)
-            if page is not None:
-                return page
-            if not _exists(claim):
-                return self._load(path, request)  # stored just before the claim went
-            if pause >= _LAST_LOOK_S and not _claimer_alive(claim):
-                return None
-            pause = min(pause * 2, _LAST_LOOK_S)
-        log.warning("a list page another process claimed took over %.0fs: listing it", CLAIM_WAIT_S)
-        return None
 
     def _load(self, path: Path, request: str) -> ListPage | None:
         """The stored page at `path` if it answers `request` and is fresh, else None."""
@@ -225,31 +176,3 @@ class SharedListPages(WrappingStorageClient):
 
 def _claim_path(page: Path) -> Path:
     return page.with_name(page.name + ".claim")
-
-
-def _claimer_alive(claim: Path) -> bool:
-    """Whether the process whose pid `claim` holds is alive (a claim being written counts)."""
-    try:
-        text = claim.read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    if not text.isdigit():
-        # created, its pid not written yet; or its process died in between
-        try:
-            return time.time() - claim.stat().st_mtime < UNWRITTEN_CLAIM_S
-        except FileNotFoundError:
-            return False
-    return pid_alive(int(text))
-
-
-def _exists(path: Path) -> bool:
-    return path.exists()  # a stat in /dev/shm: memory, no disk to wait for
-
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

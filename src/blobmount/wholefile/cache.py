@@ -29,6 +29,10 @@ is being written, and wait on one download while it runs. The download runs in t
 nursery, so an open that is interrupted does not abort it for the others; when the last waiting
 open gives up, it is cancelled (and its temporary removed).
 
+Several processes (DATASET_MOUNT_WORKER_PROCESSES): each process has its own cache object over
+the one folder; a version is still downloaded once for the mount, and an entry one process
+wrote is found by the others without a check (`multiproc.whole_file_copies`).
+
 Space: the same settings and `Pruner` as the block tier. Before downloading, the file's size is
 reserved; if it does not fit, the pruner removes least-recently-used entries that are not open
 (the `keep` hook). A file that cannot fit even then, or is larger than the whole cache, is not
@@ -64,7 +68,9 @@ from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.cachedir.space import SpaceConfig, allocated_size
+from blobmount.claims import Claim
 from blobmount.download_mode.transfer import DEFAULT_PART_SIZE
+from blobmount.multiproc.whole_file_copies import SiblingCopies
 from blobmount.storage.base import StorageClient
 from blobmount.units import format_size
 from blobmount.wholefile import entries
@@ -116,6 +122,8 @@ class WholeFileStats:
     #: copies found damaged (wrong size or hash) and downloaded again
     corrupt: int
     open_copies: int
+    #: copies opened from an entry another process of the mount downloaded (several processes)
+    other_process_copies: int
     space: PrunerStats
 
 
@@ -141,7 +149,7 @@ class LocalCopy:
 class _Download:
     """A download in progress, and the opens waiting for it."""
 
-    __slots__ = ("copy", "done", "error", "fits", "scope", "waiters")
+    __slots__ = ("claimed", "copy", "done", "error", "fits", "scope", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -150,6 +158,8 @@ class _Download:
         self.error: Exception | None = None
         self.fits = True
         self.waiters = 0
+        #: this process holds the version's claim (several processes: `siblings`)
+        self.claimed = False
 
 
 class _DoesNotFit(Exception):
@@ -165,6 +175,8 @@ class _PendingWrite:
     version: BlobVersion
     estimate: int
     slot: object
+    #: the version's claim is held until the entry is written (several processes)
+    claimed: bool = False
 
 
 class WholeFileCache:
@@ -180,8 +192,11 @@ class WholeFileCache:
         nursery: trio.Nursery,
         *,
         shared_budget: SharedBudgetCounters | None = None,
+        siblings: SiblingCopies | None = None,
     ) -> None:
         self.config = config
+        #: the other processes' downloads and entries (a multi-process mount)
+        self._siblings = siblings
         self.location = location
         self.layout = layout
         self._storage = storage
@@ -225,6 +240,7 @@ class WholeFileCache:
         self._failed = 0
         self._fallbacks = 0
         self._corrupt = 0
+        self._other_process_copies = 0
         self._write_failures = 0
         #: bytes handed to readers (WholeFileReader adds to it)
         self.served_bytes = 0
@@ -322,7 +338,9 @@ class WholeFileCache:
         self._present.merge(found)
 
     async def _open_from_disk(self, version: BlobVersion, path: Path) -> LocalCopy | None:
-        if not self._present.may_hold(path.name):
+        # an entry another process of the mount wrote is not in this process's filter
+        by_sibling = self._written_by_sibling(path)
+        if not by_sibling and not self._present.may_hold(path.name):
             return None  # never cached: no need to look
         self._pinned.add(path)
         copy = None
@@ -331,6 +349,9 @@ class WholeFileCache:
             if found is None:
                 return None
             fd, size = found
+            if by_sibling:
+                self._verified.add(path)  # written from checked bytes; its size is checked
+                self._other_process_copies += 1
             try:
                 ok = await self._verify(version, path, fd, size)
             except BaseException:
@@ -352,6 +373,10 @@ class WholeFileCache:
         finally:
             if copy is None:
                 self._unpin_if_idle(path)
+
+    def _written_by_sibling(self, path: Path) -> bool:
+        siblings = self._siblings
+        return siblings is not None and path not in self._verified and siblings.wrote(path.name)
 
     async def _open_entry(self, path: Path) -> tuple[int, int] | None:
         """`entries.open_entry`, on the trio thread while the disk answers fast."""
@@ -419,19 +444,13 @@ class WholeFileCache:
     async def _run_download(self, version: BlobVersion, path: Path, download: _Download) -> None:
         try:
             with download.scope:
-                if version.size <= self._memory_max:
-                    download.copy = await self._fetch_into_memory(version, path, download)
-                else:
-                    if version.size <= self.config.part_size:
-                        fd = await self._fetch_whole_to_disk(version, path)
-                    else:
-                        fd = await self._fetch_to_disk(version, path)
-                    self._verified.add(path)
-                    self._present.add(path.name)
-                    # one use for each open waiting now; each takes it without a checkpoint
-                    download.copy = self._register(path, fd, version, users=download.waiters)
-                self._downloads_done += 1
-                self._downloaded_bytes += version.size
+                if self._siblings is not None:
+                    # another process of the mount may be downloading it: its copy, if so
+                    download.copy = await self._claim_or_wait(version, path, download)
+                if download.copy is None:
+                    download.copy = await self._download(version, path, download)
+                    self._downloads_done += 1
+                    self._downloaded_bytes += version.size
         except _DoesNotFit:
             download.fits = False
         except OSError as exc:
@@ -448,6 +467,7 @@ class WholeFileCache:
             self._failed += 1
             log.warning("whole-file cache: download of %s failed: %s", version.name, exc)
         finally:
+            self._release_claim(download, path, written=False)
             del self._downloads[path]
             copy = download.copy
             if copy is not None and copy.users <= 0:
@@ -455,6 +475,62 @@ class WholeFileCache:
                 download.copy = None
             self._unpin_if_idle(path)
             download.done.set()
+
+    async def _download(self, version: BlobVersion, path: Path, download: _Download) -> LocalCopy:
+        """Fetch `version`: its copy, with one use for each open waiting now (each takes it
+        without a checkpoint)."""
+        if version.size <= self._memory_max:
+            return await self._fetch_into_memory(version, path, download)
+        if version.size <= self.config.part_size:
+            fd = await self._fetch_whole_to_disk(version, path)
+        else:
+            fd = await self._fetch_to_disk(version, path)
+        self._verified.add(path)
+        self._present.add(path.name)
+        self._release_claim(download, path, written=True)
+        return self._register(path, fd, version, users=download.waiters)
+
+    async def _claim_or_wait(
+        self, version: BlobVersion, path: Path, download: _Download
+    ) -> LocalCopy | None:
+        """(several processes) Claim the download of `version` for this process (None), or
+        wait for the process that claimed it and open the entry it wrote: that copy, with one
+        use for each open waiting now. A claimer that ends without the entry (its download
+        failed, or its process died) leaves the download to this process."""
+        assert self._siblings is not None
+        siblings, entry = self._siblings, path.name
+        while True:
+            claim = siblings.claim(entry)
+            if claim is not Claim.THEIRS:
+                download.claimed = claim is Claim.OURS
+                return None
+            if not await siblings.wait(entry):
+                continue  # claimed again: by us, or by another waiter
+            found = await self._open_entry(path)
+            if found is None:
+                continue  # pruned already
+            fd, size = found
+            if size != version.size:
+                os.close(fd)
+                continue  # not this version's bytes after all: download it here
+            self._other_process_copies += 1
+            self._verified.add(path)  # written by the mount from checked bytes
+            self._present.add(entry)
+            # no checkpoint from here to `done`: each open waiting now takes its use
+            return self._register(path, fd, version, users=download.waiters)
+
+    def _release_claim(
+        self, download: _Download | _PendingWrite, path: Path, *, written: bool
+    ) -> None:
+        """End the version's claim, if this process holds it; `written`: its entry is on disk
+        under its final name, written from checked bytes (recorded first, for the waiters)."""
+        if not download.claimed:
+            return
+        assert self._siblings is not None
+        download.claimed = False
+        if written:
+            self._siblings.record(path.name)
+        self._siblings.release(path.name)
 
     async def _reserve(self, version: BlobVersion, path: Path) -> tuple[int, object]:
         """Room for `version`'s entry and a transfer slot: (the bytes reserved, the slot's
@@ -503,7 +579,8 @@ class WholeFileCache:
         copy.writing = True
         self._note_latest(version)
         write = EntryWrite(os.fspath(path), data)  # checked above
-        write.owner = _PendingWrite(copy, version, estimate, slot)
+        write.owner = _PendingWrite(copy, version, estimate, slot, download.claimed)
+        download.claimed = False  # ended by the write (`_write_landed`)
         self._writes[path] = write
         self.writer.submit(write)
         return copy
@@ -517,6 +594,7 @@ class WholeFileCache:
             del self._writes[copy.path]
         written = pending.estimate if write.outcome == "written" else 0
         self._unreserve(copy.path, pending.estimate, pending.slot, written, None)
+        self._release_claim(pending, copy.path, written=write.outcome == "written")
         copy.writing = False
         if write.outcome == "written":
             self._verified.add(copy.path)  # written from checked bytes
@@ -632,6 +710,7 @@ class WholeFileCache:
             corrupt=self._corrupt,
             # a copy whose entry is still being written, but that nobody has open, is not open
             open_copies=sum(1 for copy in self._open.values() if copy.users > 0),
+            other_process_copies=self._other_process_copies,
             space=self.pruner.statistics(),
         )
 
@@ -646,10 +725,12 @@ async def open_whole_file_cache(
     location: str,
     *,
     shared_budget: SharedBudgetCounters | None = None,
+    siblings: SiblingCopies | None = None,
 ) -> AsyncIterator[WholeFileCache | None]:
     """The whole-file cache of a mount of `location`, its pruner running; None when the cache
-    directory cannot be used (logged: every open then streams in block mode). `shared_budget`:
-    the space figures shared by the processes of a multi-process mount."""
+    directory cannot be used (logged: every open then streams in block mode). `shared_budget`
+    and `siblings`: the space figures and the downloads shared by the processes of a
+    multi-process mount."""
     if config.space.cache_size == 0:
         log.warning("whole-file mode with DATASET_MOUNT_CACHE_SIZE=0: every file is streamed")
         yield None
@@ -669,6 +750,7 @@ async def open_whole_file_cache(
                 cache_dir.alloc_unit,
                 nursery,
                 shared_budget=shared_budget,
+                siblings=siblings,
             )
             nursery.start_soon(cache.pruner.run)
             nursery.start_soon(cache.writer.run)

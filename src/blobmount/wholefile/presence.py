@@ -9,9 +9,8 @@ as before.
 
 It learns the entries of an earlier mount from one scan of the location's folder (in a worker
 thread, at start; until it ends, every open looks on disk), and every entry this process
-writes or finds. An entry another process writes later is not in it: an open of that version
-downloads it again, which costs a GET and is otherwise harmless (the rename replaces the file
-with the same bytes). Entry names are already uniform hashes, so the filter's bit positions are
+writes or finds. An entry another process of the same mount writes is not in it; the cache
+looks for those in the mount's shared record (`multiproc.whole_file_copies`). Entry names are already uniform hashes, so the filter's bit positions are
 slices of the name. 2 MiB of bits with 4 probes: about 0.2% false "maybe" at a million entries.
 """
 
