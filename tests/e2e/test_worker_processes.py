@@ -226,6 +226,22 @@ def test_a_later_epoch_in_whole_file_mode_downloads_nothing(two_processes) -> No
     assert whole["other_process_copies"] > 0
 
 
+def test_handles_released_in_the_other_process_are_closed_while_the_job_is_idle(
+    two_processes,
+) -> None:
+    # The kernel sends a handle's RELEASE to either process; the opener learns of it from the
+    # shared table, also while no request comes (its copy's fd and entry are then let go).
+    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
+    _whole_files_served(daemon)
+    _wait_for(
+        lambda: daemon_stats(daemon)["namespace"]["open_files"] == 0,
+        "every handle closed in the process that opened it",
+    )
+    assert daemon_stats(daemon)["whole_file"]["open_copies"] == 0
+
+
 def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_processes) -> None:
     # The main process downloads the hinted files ahead (whole-file mode); the kernel sends
     # about half the opens to the worker, which passes them to the main process rather than

@@ -128,6 +128,8 @@ async def open_mount(
         )
         blocks.hinted.on_free = hints.room_freed
         fs.open_listener = hints
+        if shared is not None:
+            work.start_soon(fs.sweep_while_idle)
         try:
             yield MountParts(storage, blocks, fs, hints, caches.disk, caches.whole_files, work)
         finally:

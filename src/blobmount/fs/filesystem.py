@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 FOREVER_S = 365 * 24 * 3600.0
 #: how often a multi-process mount looks for handles another process released
 SWEEP_INTERVAL_S = 0.2
+#: ... and how often it looks while it gets no request of a handle (an idle job)
+IDLE_SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +534,16 @@ class BlobFilesystem:
             self._close_file(fh)
         for fh in [fh for fh in self._dirs if handles.get(fh) is None]:
             del self._dirs[fh]
+
+    async def sweep_while_idle(self) -> None:
+        """(several processes) Close the handles another process released, also while no
+        request comes here: until then a released handle would keep its reader (a whole-file
+        copy's fd and its entry safe from pruning, a file's hinted blocks) for as long as the
+        job is idle, and count as open in the stats."""
+        while True:
+            await trio.sleep(IDLE_SWEEP_S)
+            if self._files or self._dirs:
+                self._sweep_handles()
 
     async def version_of(self, path: str) -> BlobVersion | None:
         """The version an open of `path` (mount-relative, '/'-separated) would pin now, or None
