@@ -10,8 +10,9 @@ as before.
 It learns the entries of an earlier mount from one scan of the location's folder (in a worker
 thread, at start; until it ends, every open looks on disk), and every entry this process
 writes or finds. An entry another process of the same mount writes is not in it; the cache
-looks for those in the mount's shared record (`multiproc.whole_file_copies`). Entry names are already uniform hashes, so the filter's bit positions are
-slices of the name. 2 MiB of bits with 4 probes: about 0.2% false "maybe" at a million entries.
+looks for those in the mount's shared record (`multiproc.whole_file_copies`). Entry names are
+already uniform hashes, so the filter's bit positions are slices of the name. 2 MiB of bits
+with 4 probes: about 0.2% false "maybe" at a million entries.
 """
 
 from __future__ import annotations
