@@ -184,15 +184,21 @@ def _whole_files_served(daemon: MountedDaemon) -> dict:
     return daemon_stats(daemon)
 
 
+def _whole_files_read_once(two_processes) -> tuple[MountedDaemon, dict]:
+    """A 2-process mount in whole-file mode whose small files were each read once by 8
+    readers (every byte checked), and its stats once every process has published them."""
+    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
+    return daemon, _whole_files_served(daemon)
+
+
 def test_whole_file_mode_downloads_each_file_once_whichever_process_reads_it(
     two_processes,
 ) -> None:
     # A small file's copy is written to the shared cache folder after its open returns; a READ
     # that lands in the other process before then must not download the file again.
-    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
-    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
-    stats = _whole_files_served(daemon)
+    _, stats = _whole_files_read_once(two_processes)
     whole = stats["whole_file"]
     assert whole["downloads"] == DATASET.small_files
     assert whole["downloaded_bytes"] == DATASET.small_files * DATASET.small_size
@@ -203,10 +209,8 @@ def test_a_later_epoch_in_whole_file_mode_downloads_nothing(two_processes) -> No
     # Each process knows only the copies it downloaded; the other's are found through the
     # shared record (multiproc/whole_file_copies.py), not downloaded again (about half the
     # files were).
-    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
-    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
-    first = _whole_files_served(daemon)["whole_file"]
+    daemon, stats = _whole_files_read_once(two_processes)
+    first = stats["whole_file"]
     assert first["downloads"] == DATASET.small_files
     order = list(SMALL)
     random.Random(1).shuffle(order)
@@ -231,10 +235,7 @@ def test_handles_released_in_the_other_process_are_closed_while_the_job_is_idle(
 ) -> None:
     # The kernel sends a handle's RELEASE to either process; the opener learns of it from the
     # shared table, also while no request comes (its copy's fd and entry are then let go).
-    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
-    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    assert wrong_files(daemon.mountpoint, DATASET, SMALL, readers=8) == []
-    _whole_files_served(daemon)
+    daemon, _ = _whole_files_read_once(two_processes)
     _wait_for(
         lambda: daemon_stats(daemon)["namespace"]["open_files"] == 0,
         "every handle closed in the process that opened it",

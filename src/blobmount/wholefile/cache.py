@@ -351,7 +351,6 @@ class WholeFileCache:
             fd, size = found
             if by_sibling:
                 self._verified.add(path)  # written from checked bytes; its size is checked
-                self._other_process_copies += 1
             try:
                 ok = await self._verify(version, path, fd, size)
             except BaseException:
@@ -368,6 +367,8 @@ class WholeFileCache:
                 return None
             self._verified.add(path)
             self._present.add(path.name)
+            if by_sibling:
+                self._other_process_copies += 1  # counted once its size was found right
             copy = self._register(path, fd, version, users=1)
             return copy
         finally:
