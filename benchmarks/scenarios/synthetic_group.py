@@ -83,6 +83,8 @@ class SyntheticScenario:
     title: str
     readers: int
     mount_env: Mapping[str, str] = field(default_factory=dict)
+    #: files hinted ahead of the readers (`blobmount.hints.client.hinted`), 0 for no hints
+    hint_window: int = 0
 
     def workload(self, dataset: SyntheticDataset) -> SyntheticWorkload:
         if self.kind == "small":
@@ -145,6 +147,15 @@ SCENARIOS: tuple[SyntheticScenario, ...] = (
             {**SmallFiles.mount_env, "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"},
         )
         for readers in (16, 1)
+    ),
+    # read-order hints (small-files-hinted's shape): the mount fetches ahead of 4 readers
+    SyntheticScenario(
+        "synthetic-hinted-small-4",
+        "small",
+        "S3 shape, 4 readers, their order hinted 512 files ahead",
+        4,
+        SmallFiles.mount_env,
+        hint_window=512,
     ),
     SyntheticScenario(
         "synthetic-large-sequential",

@@ -23,7 +23,7 @@ from scenarios.guest_memory import prefault_free_memory
 from scenarios.measure import drop_kernel_caches, proc_status_kib
 from scenarios.mounted import MountedDaemon
 from scenarios.process_tree import TreeMeter, TreeUsage
-from scenarios.readers import read_through_mount
+from scenarios.readers import HintSource, read_through_mount
 from scenarios.results import storage_delta
 from scenarios.synthetic_group import SyntheticScenario, SyntheticWorkload, mismatch
 from scenarios.verify import new_buffer
@@ -97,9 +97,15 @@ def run_mount(
                 prefault_free_memory(workload.requested_bytes + PREFAULT_SLACK_BYTES)
             meter = TreeMeter(daemon.pid)
             meter.start()
+            hints = HintSource(scenario.hint_window, daemon.env) if scenario.hint_window else None
             try:
                 read_through_mount(
-                    daemon.mountpoint, workload.plan.jobs, workload.plan.threads, buf, timeout_s
+                    daemon.mountpoint,
+                    workload.plan.jobs,
+                    workload.plan.threads,
+                    buf,
+                    timeout_s,
+                    hints,
                 )
             except Exception as exc:
                 raise RuntimeError(f"{exc}\n--- daemon log ---\n{daemon.log_tail()}") from exc
