@@ -237,7 +237,12 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
     ):
         # READs of this process's handles that land in another process come back here
         server = ReadServer(
-            mount.folder, index, parts.fs.read, wakeup.wake, parts.fs.open_for_another
+            mount.folder,
+            index,
+            parts.fs.read,
+            wakeup.wake,
+            parts.fs.open_for_another,
+            parts.fs.hint_notice,
         )
         await forwarding.start(server.run)
         forwarder = ReadForwarder(mount.folder, index, forwarding, wakeup.wake)

@@ -99,7 +99,13 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
     # inodes: entries of each process's own table (an inode two processes know counts twice)
     NamespaceStats: {
         **dict.fromkeys(("inodes", "open_files", "open_dirs"), _G),
-        **dict.fromkeys(("forwarded_reads", "forward_failures", "forwarded_opens"), _C),
+        **dict.fromkeys(
+            (
+                *("forwarded_reads", "forward_failures", "forwarded_opens", "shelf_opens"),
+                "notices_lost",
+            ),
+            _C,
+        ),
     },
     CatalogStats: {
         "mode": _M,
@@ -140,7 +146,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
     HintedBlockStats: {
         **dict.fromkeys(("held_bytes", "held_blocks", "reserved_bytes"), _G),
         "limit_bytes": _S,
-        **dict.fromkeys(("taken", "dropped", "dropped_bytes"), _C),
+        **dict.fromkeys(("taken", "dropped", "dropped_bytes", "shelf_reads"), _C),
     },
     DiskTierStats: {
         **dict.fromkeys(("cache_dir", "block_size"), _M),

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -259,6 +260,47 @@ def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_proce
     assert stats["whole_file"]["downloads"] == DATASET.small_files
     assert stats["hints"]["used"] >= 0.9 * DATASET.small_files, stats["hints"]
     assert stats["namespace"]["forwarded_opens"] > 0
+
+
+def test_hinted_blocks_are_read_wherever_the_open_and_reads_land(two_processes) -> None:
+    # Block mode: the main process fetches the hinted files' blocks onto the shelf in
+    # /dev/shm; an open landing in the worker is made there, its blocks read from the shelf,
+    # and the main process is told of the open and the close (its window moves on, the room
+    # is freed) instead of being passed the open and every READ.
+    daemon = two_processes(DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false")
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    order = list(SMALL)
+    random.Random(5).shuffle(order)
+    root = daemon.mountpoint
+    with ThreadPoolExecutor(4) as pool:
+        jobs = hinted(order, window=64, path_of=lambda name: root / name)
+        checked = list(pool.map(lambda name: (name, read_whole(root / name) == _small(name)), jobs))
+    assert [name for name, right in checked if not right] == []
+
+    def settled() -> bool:
+        stats = daemon_stats(daemon)
+        return stats["hints"]["used"] + stats["hints"]["wasted"] + stats["hints"]["late"] == len(
+            SMALL
+        ) and (stats["blocks"]["hinted"]["held_bytes"] == 0)
+
+    _wait_for(settled, "every hinted file used, and its room freed")
+    stats = daemon_stats(daemon)
+    assert stats["storage"]["range_requests"] == len(SMALL)  # each file fetched once
+    assert stats["hints"]["used"] >= 0.9 * len(SMALL), stats["hints"]
+    assert stats["namespace"]["shelf_opens"] > 0.2 * len(SMALL), stats["namespace"]
+    assert stats["namespace"]["forwarded_opens"] < 0.1 * len(SMALL), stats["namespace"]
+    assert stats["namespace"]["forwarded_reads"] < 0.1 * len(SMALL), stats["namespace"]
+    assert stats["blocks"]["hinted"]["shelf_reads"] > 0
+    # blocks read from the shelf count as taken, not as dropped unread
+    assert stats["blocks"]["hinted"]["dropped"] < 0.1 * len(SMALL), stats["blocks"]["hinted"]
+    assert stats["namespace"]["notices_lost"] == 0
+    shelves = [folder / "hinted-blocks" for folder in _shared_folders(daemon.pid)]
+    assert shelves
+    assert [path for shelf in shelves for path in shelf.iterdir()] == []
+
+
+def _small(name: str) -> bytes:
+    return expected_bytes(DATASET, name, 0, DATASET.small_size)
 
 
 def test_a_killed_worker_is_replaced_and_no_read_hangs(two_processes) -> None:

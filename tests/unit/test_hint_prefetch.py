@@ -35,7 +35,7 @@ async def test_first_blocks_are_fetched_into_the_hinted_store(nursery):
     assert hinted.statistics().reserved_bytes == 2 * B  # room taken before the fetches start
     await trio.testing.wait_all_tasks_blocked()
     assert outcomes == [True, True]
-    assert hinted.take(BlockKey(version.name, version.etag, 1)) == data[B : 2 * B]
+    assert hinted.take(BlockKey(version.name, version.etag, 1), B) == data[B : 2 * B]
     assert storage.range_requests == 2
     assert prefetcher.drop_hinted(version) == B  # block 0, still held
     assert hinted.statistics().held_bytes == 0

@@ -12,7 +12,14 @@ import trio.testing
 
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
-from blobmount.fs.forward import ForwardFailed, ReadForwarder, ReadServer
+from blobmount.fs.forward import (
+    MAX_NOTICE,
+    NOTE_CLOSED,
+    NOTE_OPENED,
+    ForwardFailed,
+    ReadForwarder,
+    ReadServer,
+)
 
 
 def payload(fh, offset, size):
@@ -122,4 +129,58 @@ async def test_an_interrupted_read_leaves_the_connection_usable(nursery, tmp_pat
     gate.set()  # its answer arrives after all, and is dropped
     await trio.testing.wait_all_tasks_blocked()
     assert bytes(await forwarder.read(0, 2, 0, 10)) == payload(2, 0, 10)
+    forwarder.close()
+
+
+async def test_notices_arrive_in_order_between_reads_and_need_no_answer(nursery, tmp_path):
+    heard = []
+    server = ReadServer(
+        tmp_path, 0, slow_read, notice=lambda kind, text: heard.append((kind, text))
+    )
+    await nursery.start(server.run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    # posted from synchronous code, several at once: sent together by one task
+    for i in range(50):
+        forwarder.post(
+            0, NOTE_OPENED if i % 2 == 0 else NOTE_CLOSED, f"folder/{i}\0etag{i}".encode()
+        )
+    assert bytes(await forwarder.read(0, 3, 0, 10)) == payload(3, 0, 10)
+    with trio.fail_after(5):
+        while len(heard) < 50:
+            await trio.sleep(0.01)
+    assert heard == [
+        (NOTE_OPENED if i % 2 == 0 else NOTE_CLOSED, f"folder/{i}\0etag{i}".encode())
+        for i in range(50)
+    ]
+    assert (forwarder.notices, forwarder.notices_lost, server.served) == (50, 0, 1)
+    forwarder.close()
+
+
+async def test_a_notice_nobody_can_take_is_counted_lost(nursery, tmp_path):
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    forwarder.post(0, NOTE_OPENED, b"a\0b")
+    forwarder.post(0, NOTE_CLOSED, b"a\0b")
+    with trio.fail_after(5):
+        while forwarder.notices_lost < 2:
+            await trio.sleep(0.01)
+    assert forwarder.notices == 0
+
+
+async def test_a_failing_notice_or_an_oversized_one_never_breaks_the_reads(nursery, tmp_path):
+    def broken(kind, text):
+        raise RuntimeError("a bug in the coordinator")
+
+    await nursery.start(ReadServer(tmp_path, 0, slow_read, notice=broken).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    forwarder.post(0, NOTE_OPENED, b"a\0b")
+    assert bytes(await forwarder.read(0, 4, 0, 10)) == payload(4, 0, 10)
+    # a broken peer's oversized notice: its connection is dropped, the next read reconnects
+    forwarder.post(0, NOTE_OPENED, b"x" * (MAX_NOTICE + 1))
+    with trio.fail_after(5):
+        while True:
+            try:
+                assert bytes(await forwarder.read(0, 5, 0, 10)) == payload(5, 0, 10)
+                break
+            except ForwardFailed:
+                await trio.sleep(0.01)
     forwarder.close()

@@ -20,7 +20,7 @@ import trio
 from blobmount.blocks.fetcher import BlockFetcher
 from blobmount.blocks.handles import BlockHandle
 from blobmount.blocks.hinted import HintedBlocks
-from blobmount.blocks.keys import BlockKey, blocks_covering
+from blobmount.blocks.keys import BlockKey, block_span, blocks_covering
 from blobmount.blocks.ram_tier import RamTier
 from blobmount.blocks.scheduler import ReadAheadScheduler
 
@@ -107,9 +107,11 @@ class ReadAssembler:
             return data
         version = handle.version
         key = BlockKey(version.name, version.etag, index)
-        data = self._hinted.take(key)
+        size = block_span(index, self._block_size, version.size)[1]
+        data = self._hinted.take(key, size, shelved=handle.shelved)
         if data is not None:
             self._hinted_hits += 1
+            handle.shelf_reads += handle.shelved
         elif (data := self._ram.get(key)) is not None:
             self._ram_hits += 1
         else:
@@ -120,7 +122,7 @@ class ReadAssembler:
                 self._storage_waits += 1
                 self._storage_wait_s += trio.current_time() - started
             # a hinted fetch this read joined left its block in the hinted store as it landed
-            self._hinted.take(key)
+            self._hinted.discard(key)
             if index in handle.prefetched:
                 # this read joined the handle's own read-ahead of the block: it was used, and
                 # no later buffer hit will say so (the kernel may never ask for it again)

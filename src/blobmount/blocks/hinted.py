@@ -6,14 +6,37 @@ setting for one-pass small files) there is no RAM tier to put them in. The store
 bytes (DATASET_MOUNT_HINT_MEMORY_LIMIT): room is reserved before a fetch starts, so blocks in
 flight count too. A block leaves when a reader takes it (the read assembler moves it into that
 handle's buffer), when its file is closed, or when the hint coordinator gives up on its file.
+
+With several processes (DATASET_MOUNT_WORKER_PROCESSES) the blocks are on the shelf
+(multiproc/hinted_shelf.py), where every process can read them: the main process's store is the
+shelf's `owner` (it fetches, counts and removes), the others' stores read from it what the main
+process holds for a hinted blob (`shelf_reader`), leaving the removal to the main process.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from blobmount.blocks.keys import BlockKey
+
+log = logging.getLogger(__name__)
+
+
+class Shelf(Protocol):
+    """Where the main process of several keeps its hinted blocks for every process to read
+    (multiproc/hinted_shelf.py)."""
+
+    #: the most bytes to put there
+    capacity: int
+
+    def put(self, key: BlockKey, data: bytes) -> None: ...
+
+    def read(self, key: BlockKey, size: int) -> bytes | None: ...
+
+    def remove(self, key: BlockKey) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +48,7 @@ class HintedBlockStats:
     taken: int  # blocks a reader took from here
     dropped: int  # blocks dropped unread
     dropped_bytes: int
+    shelf_reads: int  # blocks this process read from the main process's shelf
 
 
 class HintedBlocks:
@@ -32,7 +56,8 @@ class HintedBlocks:
         self.limit = limit_bytes
         #: called whenever room is given back (the hint coordinator waits for it)
         self.on_free: Callable[[], None] | None = None
-        self._blocks: dict[BlockKey, bytes] = {}
+        #: key -> the block's bytes, or its length when it is on the shelf
+        self._blocks: dict[BlockKey, bytes | int] = {}
         #: (blob name, ETag) -> its keys here, so a file's blocks go together
         self._by_version: dict[tuple[str, str], set[BlockKey]] = {}
         self._held = 0
@@ -40,6 +65,21 @@ class HintedBlocks:
         self._taken = 0
         self._dropped = 0
         self._dropped_bytes = 0
+        self._shelf_reads = 0
+        #: bytes of this store's blocks on the shelf
+        self._shelved = 0
+        #: the main process's shelf: where this store keeps its blocks (`shelve_on`)
+        self._shelf: Shelf | None = None
+        #: the other processes: the shelf they read (`read_shelf_of`)
+        self._reading: Shelf | None = None
+
+    def shelve_on(self, shelf: Shelf) -> None:
+        """(main process of several) Keep the blocks on `shelf`, for every process to read."""
+        self._shelf = shelf
+
+    def read_shelf_of(self, shelf: Shelf) -> None:
+        """(other processes) Read the main process's blocks from `shelf` (`take`)."""
+        self._reading = shelf
 
     def __contains__(self, key: BlockKey) -> bool:
         return key in self._blocks
@@ -68,40 +108,89 @@ class HintedBlocks:
         if key in self._blocks:
             self._freed()
             return
-        self._blocks[key] = data
+        held: bytes | int = data
+        if self._shelf is not None and self._shelved + len(data) <= self._shelf.capacity:
+            try:
+                self._shelf.put(key, data)
+                held = len(data)
+                self._shelved += held
+            except OSError as exc:  # kept here: the other processes pass its open to this one
+                log.debug("hinted block of %s not shelved: %s", key.name, exc)
+        self._blocks[key] = held
         self._held += len(data)
         self._by_version.setdefault((key.name, key.etag), set()).add(key)
 
-    def take(self, key: BlockKey) -> bytes | None:
-        """The block, removed from here (a reader has it now), or None."""
-        data = self._remove(key)
-        if data is not None:
-            self._taken += 1
+    def take(self, key: BlockKey, size: int, *, shelved: bool = False) -> bytes | None:
+        """The block (`size` bytes), removed from here (a reader has it now), or None.
+        `shelved`: the main process holds the file's hinted blocks on the shelf this process
+        reads: the block read from there, left for the main process to remove when the file
+        is closed."""
+        held = self._remove(key)
+        if held is not None:
+            data = held if isinstance(held, bytes) else self._off_shelf(key, held)
+            if data is not None:
+                self._taken += 1
+            return data
+        if shelved and self._reading is not None:
+            data = self._reading.read(key, size)
+            if data is not None:
+                self._shelf_reads += 1
+            return data
+        return None
+
+    def _off_shelf(self, key: BlockKey, size: int) -> bytes | None:
+        """(main process) A shelved block's bytes, and the block off the shelf."""
+        assert self._shelf is not None
+        data = self._shelf.read(key, size)
+        self._shelf.remove(key)
         return data
+
+    def discard(self, key: BlockKey) -> None:
+        """A reader fetched the block itself (it joined the hinted fetch): drop it from here."""
+        held = self._remove(key)
+        if held is not None:
+            self._taken += 1
+            if isinstance(held, int):
+                assert self._shelf is not None
+                self._shelf.remove(key)
+
+    def hand_over(self, name: str, etag: str) -> None:
+        """(main process) Another process read one version's shelved blocks and closed the
+        file: they leave as taken, not as dropped unread."""
+        for key in list(self._by_version.get((name, etag), ())):
+            self.discard(key)
 
     def drop_file(self, name: str, etag: str) -> int:
         """Drop what is held for one blob version; returns the bytes dropped."""
         freed = 0
         for key in list(self._by_version.get((name, etag), ())):
-            data = self._remove(key)
-            if data is not None:
-                freed += len(data)
+            held = self._remove(key)
+            if held is not None:
+                if isinstance(held, int):
+                    assert self._shelf is not None
+                    self._shelf.remove(key)
+                freed += held if isinstance(held, int) else len(held)
                 self._dropped += 1
         self._dropped_bytes += freed
         return freed
 
-    def _remove(self, key: BlockKey) -> bytes | None:
-        data = self._blocks.pop(key, None)
-        if data is None:
+    def _remove(self, key: BlockKey) -> bytes | int | None:
+        """Forget a block: its bytes, or its length if it is on the shelf (still there)."""
+        held = self._blocks.pop(key, None)
+        if held is None:
             return None
-        self._held -= len(data)
+        if isinstance(held, int):
+            self._held -= held
+            self._shelved -= held
+        else:
+            self._held -= len(held)
         version = (key.name, key.etag)
         keys = self._by_version[version]
         keys.discard(key)
         if not keys:
             del self._by_version[version]
         self._freed()
-        return data
+        return held
 
     def statistics(self) -> HintedBlockStats:
         return HintedBlockStats(
@@ -112,4 +201,5 @@ class HintedBlocks:
             taken=self._taken,
             dropped=self._dropped,
             dropped_bytes=self._dropped_bytes,
+            shelf_reads=self._shelf_reads,
         )

@@ -26,6 +26,7 @@ from blobmount.compose.configs import (
 )
 from blobmount.compose.storage import StorageStack
 from blobmount.fs.filesystem import BlobFilesystem
+from blobmount.fs.forward import MAIN_PROCESS
 from blobmount.hints.coordinator import HintCoordinator
 from blobmount.memory_limit import usable_memory_bytes
 from blobmount.settings import Settings
@@ -128,6 +129,12 @@ async def open_mount(
         )
         blocks.hinted.on_free = hints.room_freed
         fs.open_listener = hints
+        if shared is not None and caches.whole_files is None:
+            # the main process's hinted blocks on the shelf, where the others read them
+            if shared.index == MAIN_PROCESS:
+                blocks.hinted.shelve_on(shared.shelf)
+            else:
+                blocks.hinted.read_shelf_of(shared.shelf)
         if shared is not None:
             work.start_soon(fs.sweep_while_idle)
         try:

@@ -22,11 +22,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from blobmount.blocks.keys import BlobVersion
+from blobmount.blocks.keys import BlobVersion, BlockKey
 from blobmount.blocks.manager import BlockManager
 from blobmount.errors import BlobNotFound
 from blobmount.fs.errno_map import FsError
-from blobmount.fs.forward import MAIN_PROCESS, ForwardFailed, ReadForwarder
+from blobmount.fs.forward import (
+    MAIN_PROCESS,
+    NOTE_CLOSED,
+    NOTE_OPENED,
+    NOTE_USED,
+    ForwardFailed,
+    ReadForwarder,
+)
 from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
 from blobmount.namespace.inodes import InodeTable, Node
@@ -101,6 +108,10 @@ class NamespaceStats:
     forward_failures: int = 0
     #: OPENs of a file the main process has read-order hints for, passed to it
     forwarded_opens: int = 0
+    #: OPENs of such a file made here, its hinted blocks read from the main process's shelf
+    shelf_opens: int = 0
+    #: notices of those opens and closes that did not reach the main process
+    notices_lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +130,7 @@ class _DirHandle:
 
 
 class _FileHandle:
-    __slots__ = ("node", "opened_here", "reader", "version")
+    __slots__ = ("node", "noted", "opened_here", "reader", "version")
 
     def __init__(
         self, node: Node, version: BlobVersion, reader: OpenReader, opened_here: bool = True
@@ -129,6 +140,8 @@ class _FileHandle:
         self.reader = reader
         #: False for a handle another process of the mount opened (its READs landed here)
         self.opened_here = opened_here
+        #: opened here in place of the main process, which is told of its close too
+        self.noted = False
 
 
 Replier = Callable[[str, Attr, int], bool]
@@ -175,6 +188,7 @@ class BlobFilesystem:
         self.open_listener: OpenListener | None = None
         #: with several processes: passes READs of other processes' handles to their opener
         self.forwarder: ReadForwarder | None = None
+        self._shelf_opens = 0
         self.config = config
         self.inodes = InodeTable(trio.current_time())
         self.catalog = ListingCatalog(
@@ -397,6 +411,8 @@ class BlobFilesystem:
             forwarded_reads=0 if self.forwarder is None else self.forwarder.forwarded,
             forward_failures=0 if self.forwarder is None else self.forwarder.failed,
             forwarded_opens=0 if self.forwarder is None else self.forwarder.opens,
+            shelf_opens=self._shelf_opens,
+            notices_lost=0 if self.forwarder is None else self.forwarder.notices_lost,
         )
 
     # -- files -----------------------------------------------------------------------------
@@ -410,16 +426,24 @@ class BlobFilesystem:
         if node.is_dir:
             raise FsError(errno.EISDIR)
         version = await self._current_version(node)
-        if self._shared is not None and not for_another:
-            opened = await self._open_in_hints_process(inode, flags, version)
-            if opened is not None:
-                return opened
+        hinted = shelved = main = False
+        if self._shared is not None:
+            main = self.forwarder is None or self.forwarder.index == MAIN_PROCESS
+            hinted = self._hinted_by_main(version, main)
+            shelved = hinted and self._on_shelf(version)
+            if hinted and not shelved and not main and not for_another:
+                opened = await self._open_in_hints_process(inode, flags, version)
+                if opened is not None:
+                    return opened
         etag = version.etag
-        reader = await self._open_reader(version)
+        reader = await self._open_reader(version, shelved=shelved)
         # no await from here on: the bookkeeping below happens all or not at all
         if self._shared is not None:
-            by_owner = for_another or self._hinted_here(version)
-            return self._open_shared(node, version, reader, by_owner=by_owner)
+            # the main process's hinted blocks in its memory: every READ is to come to it
+            by_owner = for_another or (main and hinted and not shelved)
+            return self._open_shared(
+                node, version, reader, by_owner=by_owner, shelved=shelved, noted=not main
+            )
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
@@ -443,30 +467,30 @@ class BlobFilesystem:
         opened = await self.open(inode, flags, for_another=True)
         return opened.fh, opened.keep_cache, opened.direct_io
 
-    def _hinted_here(self, version: BlobVersion) -> bool:
-        """Whether this is the main process and it has hints for the blob, so the handle's
-        READs are to come here, where its hinted blocks are (the main process writes the set:
-        an empty one costs no lookup)."""
-        return (
-            self._shared is not None
-            and self.forwarder is not None
-            and self.forwarder.index == MAIN_PROCESS
-            and len(self._shared.hinted) > 0
-            and self._shared.hinted.holds(version.name)
-        )
+    def _hinted_by_main(self, version: BlobVersion, main: bool) -> bool:
+        """Whether the main process has hints for the blob (it writes the set: there, an empty
+        one costs no lookup)."""
+        assert self._shared is not None
+        if main and len(self._shared.hinted) == 0:
+            return False
+        return self._shared.hinted.holds(version.name)
+
+    def _on_shelf(self, version: BlobVersion) -> bool:
+        """(block mode) Whether the main process's hinted blocks of `version` are on the shelf,
+        where every process can read them: another process then opens the file itself, and
+        tells the main process (one-way notices), in place of passing it the open, and the
+        handle's READs are read wherever they land."""
+        if self._whole_files is not None or self._shared is None:
+            return False
+        return self._shared.shelf.holds(BlockKey(version.name, version.etag, 0))
 
     async def _open_in_hints_process(
         self, inode: int, flags: int, version: BlobVersion
     ) -> OpenedFile | None:
-        """The open, made by the main process when it has hints for the blob (and this is
-        another process); None when it is to be opened here."""
+        """The open, made by the main process, which has hints for the blob (this being
+        another process); None when it is to be opened here after all."""
         forwarder = self.forwarder
-        if (
-            self._shared is None
-            or forwarder is None
-            or forwarder.index == MAIN_PROCESS
-            or not self._shared.hinted.holds(version.name)
-        ):
+        if forwarder is None:
             return None
         # shielded: a handle the main process made for an open interrupted meanwhile would be
         # open for ever, so the answer is awaited and the handle released if nobody gets it
@@ -484,27 +508,63 @@ class BlobFilesystem:
         return OpenedFile(fh, keep_cache, direct_io)
 
     def _open_shared(
-        self, node: Node, version: BlobVersion, reader: OpenReader, *, by_owner: bool
+        self,
+        node: Node,
+        version: BlobVersion,
+        reader: OpenReader,
+        *,
+        by_owner: bool,
+        shelved: bool = False,
+        noted: bool = False,
     ) -> OpenedFile:
         """The open of a mount several processes serve: the page-cache rules of `open` above
         applied to every process's handles of the inode (the shared open versions), and a handle
         number any process can resolve to the pinned version (`by_owner`: whose READs all come
-        to this process)."""
+        to this process; `shelved`: its hinted blocks are on the shelf; `noted`, with it:
+        opened in place of the main process, which is told)."""
         assert self._shared is not None
         keep_cache, direct_io = self._shared.versions.opened(node.inode, version.etag)
         try:
             fh = self._shared.handles.add(
-                node.inode, version.etag, version.size, direct_io, by_owner=by_owner
+                node.inode,
+                version.etag,
+                version.size,
+                direct_io,
+                by_owner=by_owner,
+                shelved=shelved,
             )
         except BaseException:
             self._shared.versions.released(node.inode, version.etag, direct_io)
             reader.close()
             raise
         node.opens += 1
-        self._files[fh] = _FileHandle(node, version, reader)
+        handle = self._files[fh] = _FileHandle(node, version, reader)
+        if shelved and noted:
+            handle.noted = True
+            self._shelf_opens += 1
+            self._tell_main(NOTE_OPENED, version)
         if self.open_listener is not None:
             self.open_listener.opened(version)
         return OpenedFile(fh, keep_cache, direct_io)
+
+    def _tell_main(self, kind: int, version: BlobVersion) -> None:
+        assert self.forwarder is not None
+        text = f"{version.name}\0{version.etag}".encode("utf-8", "surrogatepass")
+        self.forwarder.post(MAIN_PROCESS, kind, text)
+
+    def hint_notice(self, kind: int, text: bytes) -> None:
+        """(main process) Another process opened or closed a hinted file in place of this one
+        (fs/forward.py notices): the coordinator is told as if it had happened here."""
+        name, _, etag = text.decode("utf-8", "surrogatepass").partition("\0")
+        if self.open_listener is None or not etag:
+            return
+        version = BlobVersion(name, etag, 0)  # the coordinator goes by name and ETag
+        if kind == NOTE_OPENED:
+            self.open_listener.opened(version)
+        elif kind in (NOTE_CLOSED, NOTE_USED):
+            if kind == NOTE_USED:
+                self._blocks.hinted.hand_over(name, etag)
+            self.open_listener.closed(version)
 
     async def _adopt_file_handle(self, fh: int, record: HandleRecord) -> _FileHandle:
         """A file handle another process opened (the kernel sends a handle's READs to any
@@ -513,7 +573,7 @@ class BlobFilesystem:
         assert record.etag is not None
         node = self.inodes.get(record.inode) or await self._adopt(record.inode)
         version = BlobVersion(self._blob_name(node.path), record.etag, record.size)
-        reader = await self._open_reader(version)
+        reader = await self._open_reader(version, shelved=record.shelved)
         if fh in self._files:  # adopted by a concurrent read while this one awaited
             reader.close()
             return self._files[fh]
@@ -575,14 +635,16 @@ class BlobFilesystem:
         assert etag is not None
         return BlobVersion(self._blob_name(node.path), etag, node.size)
 
-    async def _open_reader(self, version: BlobVersion) -> OpenReader:
+    async def _open_reader(self, version: BlobVersion, *, shelved: bool = False) -> OpenReader:
         if self._whole_files is not None:
             # one GET pinned to `version` when it is not cached (one for concurrent opens); a
             # small file is served from memory at once, the rest once the whole file is local
             copy = await self._whole_files.open(version)
             if copy is not None:
                 return WholeFileReader(self._whole_files, copy)
-        return BlockReader(self._blocks, self._blocks.open(version))
+        handle = self._blocks.open(version)
+        handle.shelved = shelved
+        return BlockReader(self._blocks, handle)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._files.get(fh)
@@ -647,8 +709,16 @@ class BlobFilesystem:
         if handle is None:
             return
         handle.reader.close()
+        reader, version = handle.reader, handle.version
+        if handle.opened_here and isinstance(reader, BlockReader) and reader.shelved:
+            # (main process) what is left of its blocks was read by the process the READs
+            # landed in (this one would have taken them): they leave as taken, not as unread
+            self._blocks.hinted.hand_over(version.name, version.etag)
         if handle.opened_here and self.open_listener is not None:
             self.open_listener.closed(handle.version)
+        if handle.noted:
+            read = isinstance(handle.reader, BlockReader) and handle.reader.shelf_reads > 0
+            self._tell_main(NOTE_USED if read else NOTE_CLOSED, handle.version)
         handle.node.opens -= 1
         self.inodes.release_if_unused(handle.node)
 

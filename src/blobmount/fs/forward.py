@@ -18,6 +18,11 @@ The same connection carries OPENs of a file the main process has read-order hint
 whose READs all come back to it, and the process that got the OPEN answers the kernel with
 that handle.
 
+A process that opens a hinted file itself, because the main process's blocks of it are on
+the shelf (multiproc/hinted_shelf.py), tells the main process of the open and of the close
+with *notices*: one-way messages, batched, with no answer, so the coordinator there moves its
+window on and frees the file's room without the open waiting for it.
+
 A request that cannot be forwarded (the opener is gone, or is being replaced) raises
 `ForwardFailed`, and the caller reads the pinned version itself, so a READ never fails because
 another process died.
@@ -47,9 +52,18 @@ _PEER_CREDENTIALS = struct.Struct("<iII")
 #: socket buffers big enough for a whole 1 MiB answer: fewer wake-ups of both ends per answer
 #: (the kernel caps them at net.core.wmem_max and rmem_max)
 SOCKET_BUFFER = 4 * 1024 * 1024
-#: request id, kind, then for a READ: handle, offset, size; for an OPEN: inode, flags, 0
+#: request id, kind, then for a READ: handle, offset, size; for an OPEN: inode, flags, 0; for
+#: a notice: 0, 0, the length of its text, which follows
 _REQUEST = struct.Struct("<QBQQI")
 _READ, _OPEN = 0, 1
+#: notices (no answer): a hinted file opened in the sending process; closed there, with its
+#: shelved blocks unread, or read
+NOTE_OPENED, NOTE_CLOSED, NOTE_USED = 2, 3, 4
+_NOTICES = (NOTE_OPENED, NOTE_CLOSED, NOTE_USED)
+#: a notice's text is a blob name and an ETag
+MAX_NOTICE = 64 * 1024
+#: what a server reads from a connection at once
+_RECEIVE_CHUNK = 256 * 1024
 #: an OPEN's answer: handle, keep_cache, direct_io
 _OPENED = struct.Struct("<QBB")
 #: request id, errno (0: the bytes follow), length of the bytes
@@ -62,6 +76,8 @@ MAX_ANSWER = 64 * 1024 * 1024
 ReadFn = Callable[[int, int, int], Awaitable[bytes | memoryview]]
 #: what a server calls to open for another process: inode, flags -> handle, keep_cache, direct_io
 OpenFn = Callable[[int, int], Awaitable[tuple[int, bool, bool]]]
+#: what a server calls with a notice: its kind and text
+NoticeFn = Callable[[int, bytes], None]
 
 
 class ForwardFailed(Exception):
@@ -114,10 +130,12 @@ class ReadServer:
         read: ReadFn,
         wake: Callable[[int], None] | None = None,
         open_for: OpenFn | None = None,
+        notice: NoticeFn | None = None,
     ) -> None:
         self.path = socket_path(folder, index)
         self._read = read
         self._open = open_for
+        self._notice = notice
         #: called with the forwarding process's pid after each answer (see ReadForwarder)
         self._wake = wake
         self.served = 0
@@ -147,13 +165,41 @@ class ReadServer:
             except OSError:
                 return
             async with trio.open_nursery() as nursery:
+                pending = bytearray()
                 while True:
                     try:
-                        raw = await _receive_exactly(conn, _REQUEST.size)
-                    except (OSError, EOFError):  # the forwarding process ended
+                        got = await conn.recv(_RECEIVE_CHUNK)
+                    except OSError:
                         return
-                    request = _REQUEST.unpack(raw)
-                    nursery.start_soon(self._answer, conn, sending, peer_pid, request)
+                    if not got:  # the forwarding process ended
+                        return
+                    pending += got
+                    # every whole message received so far, in one step: notices come in
+                    # batches, and one scheduler round each would let them fall behind
+                    used = 0
+                    while len(pending) - used >= _REQUEST.size:
+                        request = _REQUEST.unpack_from(pending, used)
+                        kind, length = request[1], request[4]
+                        if kind not in _NOTICES:
+                            used += _REQUEST.size
+                            nursery.start_soon(self._answer, conn, sending, peer_pid, request)
+                            continue
+                        if length > MAX_NOTICE:
+                            log.warning("a notice of %d bytes: connection dropped", length)
+                            return
+                        end = used + _REQUEST.size + length
+                        if len(pending) < end:
+                            break
+                        self._take_notice(kind, bytes(pending[used + _REQUEST.size : end]))
+                        used = end
+                    del pending[:used]
+
+    def _take_notice(self, kind: int, text: bytes) -> None:
+        if self._notice is not None:
+            try:
+                self._notice(kind, text)
+            except Exception:  # a notice must never stop the connection's READs
+                log.exception("a notice from another process failed")
 
     async def _answer(
         self,
@@ -259,9 +305,13 @@ class ReadForwarder:
         self._wake = wake
         self._connections: dict[int, _Connection] = {}
         self._ids = itertools.count(1)
+        #: notices waiting to be sent, per process; a process's are sent by one task at a time
+        self._outbox: dict[int, list[bytes]] = {}
         self.forwarded = 0
         self.opens = 0
         self.failed = 0
+        self.notices = 0
+        self.notices_lost = 0
 
     async def read(self, owner: int, fh: int, offset: int, size: int) -> bytes | memoryview:
         """The bytes the opener `owner` reads for handle `fh`. Raises FsError with the
@@ -289,6 +339,36 @@ class ReadForwarder:
             raise ForwardFailed(f"an open answered with {len(data)} bytes") from exc
         self.opens += 1
         return fh, bool(keep_cache), bool(direct_io)
+
+    def post(self, owner: int, kind: int, text: bytes) -> None:
+        """Send process `owner` a notice, soon (batched with the others of this moment); no
+        answer comes. A notice that cannot be delivered is counted in `notices_lost`."""
+        message = _REQUEST.pack(0, kind, 0, 0, len(text)) + text
+        box = self._outbox.get(owner)
+        if box is not None:  # a task is sending this process's notices: it takes this one too
+            box.append(message)
+            return
+        self._outbox[owner] = [message]
+        self._nursery.start_soon(self._send_notices, owner)
+
+    async def _send_notices(self, owner: int) -> None:
+        try:
+            while box := self._outbox.get(owner):
+                self._outbox[owner] = []
+                try:
+                    conn = await self._connection(owner)
+                    try:
+                        async with conn.sending:
+                            await _send_all(conn.sock, b"".join(box))
+                    except OSError as exc:  # the next request connects afresh
+                        conn.fail(ForwardFailed(f"the process went away: {exc}"))
+                        raise ForwardFailed(f"the process went away: {exc}") from exc
+                    self.notices += len(box)
+                except ForwardFailed as exc:
+                    self.notices_lost += len(box)
+                    log.debug("%d notices to process %d lost: %s", len(box), owner, exc)
+        finally:
+            self._outbox.pop(owner, None)
 
     async def _ask(self, owner: int, kind: int, number: int, offset: int, size: int) -> bytearray:
         """Send one request to process `owner` and wait for its answer's bytes."""

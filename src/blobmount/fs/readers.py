@@ -30,6 +30,17 @@ class BlockReader:
     def close(self) -> None:
         self._manager.close(self._handle)
 
+    @property
+    def shelved(self) -> bool:
+        """Whether the file's hinted blocks are on the main process's shelf
+        (multiproc/hinted_shelf.py), where any process of the mount may read them."""
+        return self._handle.shelved
+
+    @property
+    def shelf_reads(self) -> int:
+        """Blocks this handle read from the shelf."""
+        return self._handle.shelf_reads
+
 
 class WholeFileReader:
     """Whole-file mode: reads are served from the local copy of the blob version (a small

@@ -58,7 +58,7 @@ _FLAGS_OFFSET = struct.calcsize("<IIQQ")
 _FLAGS = struct.Struct("<B")
 
 #: flags: a slot is in use exactly when its flags are not 0
-_USED, _FILE, _DIRECT_IO, _BY_OWNER = 0x01, 0x02, 0x04, 0x08
+_USED, _FILE, _DIRECT_IO, _BY_OWNER, _SHELVED = 0x01, 0x02, 0x04, 0x08, 0x10
 
 _SLOT_BITS = 32
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
@@ -81,6 +81,8 @@ class HandleRecord:
     direct_io: bool = False
     #: every READ goes to the owner (it holds the file's hinted blocks)
     by_owner: bool = False
+    #: the file's hinted blocks are on the main process's shelf: read them from there
+    shelved: bool = False
 
 
 class SharedHandles:
@@ -121,6 +123,11 @@ class SharedHandles:
             os.close(self._fd)
             self._fd = -1
 
+    @property
+    def index(self) -> int:
+        """The index this object is bound to (-1: not bound yet)."""
+        return self._index
+
     def bind(self, index: int) -> None:
         """Allocate from range `index` in this process from now on (once per process, after the
         fork). Slots a dead predecessor left in use stay in use."""
@@ -139,6 +146,7 @@ class SharedHandles:
         size: int,
         direct_io: bool = False,
         by_owner: bool = False,
+        shelved: bool = False,
     ) -> int:
         """A new handle for `inode` (a folder's when `etag` is None): its number, above 0 and
         below 2**64. OSError(ENFILE) when this process's range is full."""
@@ -152,6 +160,7 @@ class SharedHandles:
             | (0 if etag is None else _FILE)
             | (_DIRECT_IO if direct_io else 0)
             | (_BY_OWNER if by_owner else 0)
+            | (_SHELVED if shelved else 0)
         )
         tail = _TAIL.pack(inode, size, flags, len(raw), raw)  # struct.error before any write
         slot = self._take()
@@ -302,4 +311,11 @@ def _record(fields: tuple[Any, ...], generation: int) -> HandleRecord | None:
     if not flags or slot_generation != generation:
         return None
     text = etag[:length].decode("utf-8", "surrogatepass") if flags & _FILE else None
-    return HandleRecord(inode, text, size, bool(flags & _DIRECT_IO), bool(flags & _BY_OWNER))
+    return HandleRecord(
+        inode,
+        text,
+        size,
+        bool(flags & _DIRECT_IO),
+        bool(flags & _BY_OWNER),
+        bool(flags & _SHELVED),
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.multiproc.handles import SharedHandles
 from blobmount.multiproc.hinted_names import SharedHintedNames
+from blobmount.multiproc.hinted_shelf import HintedShelf
 from blobmount.multiproc.names import SharedNames
 from blobmount.multiproc.open_versions import SharedOpenVersions
 from blobmount.multiproc.whole_file_copies import SiblingCopies
@@ -33,6 +34,8 @@ class SharedNamespace:
     hinted: SharedHintedNames
     #: whole-file mode: the downloads in progress and the entries each process wrote
     copies: SiblingCopies
+    #: block mode: the main process's hinted blocks, for every process to read
+    shelf: HintedShelf
 
     @classmethod
     def create(cls, folder: Path, processes: int) -> SharedNamespace:
@@ -43,12 +46,18 @@ class SharedNamespace:
             SharedBudgetCounters.create(folder),
             SharedHintedNames.create(folder),
             SiblingCopies.create(folder, processes),
+            HintedShelf.create(folder),
         )
 
     def bind(self, index: int) -> None:
         """This process is process `index` of the mount (once per process, after the fork)."""
         self.handles.bind(index)
         self.copies.bind(index)
+
+    @property
+    def index(self) -> int:
+        """This process's index (0: the main process); -1 before `bind`."""
+        return self.handles.index
 
     def close(self) -> None:
         self.names.close()
