@@ -244,16 +244,24 @@ def test_handles_released_in_the_other_process_are_closed_while_the_job_is_idle(
     assert daemon_stats(daemon)["whole_file"]["open_copies"] == 0
 
 
+def _hinted_job(two_processes, seed: int, **env: str) -> tuple[MountedDaemon, Iterator[str]]:
+    """A 2-process mount of URI with `env`, and its small files in a shuffled order, each
+    hinted to the mount 64 files before it is taken."""
+    daemon = two_processes(**env)
+    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
+    order = list(SMALL)
+    random.Random(seed).shuffle(order)
+    root = daemon.mountpoint
+    return daemon, hinted(order, window=64, path_of=lambda name: root / name)
+
+
 def test_hinted_files_are_downloaded_once_whichever_process_opens_them(two_processes) -> None:
     # The main process downloads the hinted files ahead (whole-file mode); the kernel sends
     # about half the opens to the worker, which passes them to the main process rather than
     # download the files again, and the main process sees every open (its window moves on).
-    daemon = two_processes(DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
-    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    order = list(SMALL)
-    random.Random(4).shuffle(order)
+    daemon, jobs = _hinted_job(two_processes, 4, DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED="false")
     root = daemon.mountpoint
-    for name in hinted(order, window=64, path_of=lambda name: root / name):
+    for name in jobs:
         with open(root / name, "rb") as f:
             assert f.read() == expected_bytes(DATASET, name, 0, DATASET.small_size), name
     stats = _whole_files_served(daemon)
@@ -267,13 +275,9 @@ def test_hinted_blocks_are_read_wherever_the_open_and_reads_land(two_processes) 
     # /dev/shm; an open landing in the worker is made there, its blocks read from the shelf,
     # and the main process is told of the open and the close (its window moves on, the room
     # is freed) instead of being passed the open and every READ.
-    daemon = two_processes(DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false")
-    _wait_for(lambda: len(_worker_pids(daemon)) == 1, "one worker serving")
-    order = list(SMALL)
-    random.Random(5).shuffle(order)
+    daemon, jobs = _hinted_job(two_processes, 5, DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false")
     root = daemon.mountpoint
     with ThreadPoolExecutor(4) as pool:
-        jobs = hinted(order, window=64, path_of=lambda name: root / name)
         checked = list(pool.map(lambda name: (name, read_whole(root / name) == _small(name)), jobs))
     assert [name for name, right in checked if not right] == []
 

@@ -26,6 +26,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from blobmount.cachedir.layout import atomic_write
+
 
 class BlockKey(Protocol):
     """A block of one blob version (blocks/keys.py's, which this layer cannot import)."""
@@ -41,7 +43,6 @@ class BlockKey(Protocol):
 
 
 FOLDER = "hinted-blocks"
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 #: the share of the shared folder's free space (at mount) the shelf may fill: the folder also
@@ -71,22 +72,8 @@ class HintedShelf:
         return f"{self.folder}/{digest}-{key.index}"
 
     def put(self, key: BlockKey, data: bytes) -> None:
-        """(main process) Shelve a block; OSError if the folder is full (the caller drops it)."""
-        final = self.path(key)
-        tmp = f"{final}.tmp"
-        fd = os.open(tmp, _NEW, 0o600)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            os.rename(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        """(main process) Shelve a block; OSError if the folder is full (nothing is left)."""
+        atomic_write(self.path(key), (data,))
 
     def read(self, key: BlockKey, size: int) -> bytes | None:
         """The shelved block, `size` bytes, or None if it is not (or no longer) here."""
