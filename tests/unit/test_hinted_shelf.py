@@ -76,6 +76,16 @@ def test_a_block_of_another_version_or_size_is_never_read(tmp_path):
     assert other.take(KEY, 999, shelved=True) is None  # not the length the version says
 
 
+def test_a_block_still_being_written_is_a_miss(tmp_path):
+    shelf, _, other = stores(tmp_path)
+    with open(shelf.path(KEY), "wb") as f:  # what a reader may find while `put` writes
+        f.write(b"x" * 600)
+    assert other.take(KEY, 1000, shelved=True) is None
+    with open(shelf.path(KEY), "ab") as f:
+        f.write(b"x" * 400)
+    assert other.take(KEY, 1000, shelved=True) == b"x" * 1000
+
+
 def test_blocks_beyond_the_shelfs_capacity_stay_in_the_main_process(tmp_path):
     shelf, main, other = stores(tmp_path, capacity=1500)
     second = BlockKey(KEY.name, KEY.etag, 1)

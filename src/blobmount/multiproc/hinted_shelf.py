@@ -5,10 +5,12 @@ its memory, they could only be read there, so every OPEN of a hinted file that l
 process was passed to the main process, and so was every READ of the handle: a socket round
 trip and two wake-ups each, about 0.3 ms of CPU per file with 2 processes
 (docs/developer-notes/multicore.md, "Hints spread over the processes"). On the shelf, a block is
-a file of the mount's shared folder (tmpfs: memory, not disk), written under a temporary name
-and renamed, so a reader sees all of it or nothing. Another process that gets the OPEN opens
-the file itself and reads the block from here, and tells the main process of the open and the
-close (`fs/forward.py` notices) so that its coordinator moves the window on and frees the room.
+a file of the mount's shared folder (tmpfs: memory, not disk), written with one `write`: a
+reader that finds it shorter than the block (being written) takes that for a miss, and one that
+finds it whole has all of it (a file grows only as its pages are filled). Another process
+that gets the OPEN opens the file itself and reads the block from here, and tells the main
+process of the open and the close (`fs/forward.py` notices) so that its coordinator moves the
+window on and frees the room.
 
 Only the main process writes and removes (blocks/hinted.py, `shelve_on`, keeps the index and
 the byte count against DATASET_MOUNT_HINT_MEMORY_LIMIT); the others only read. The shelf takes
@@ -21,12 +23,12 @@ a little time, never a wrong byte (a block is named by its blob's name, ETag and
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import hashlib
 import os
 from pathlib import Path
 from typing import Protocol
-
-from blobmount.cachedir.layout import atomic_write
 
 
 class BlockKey(Protocol):
@@ -43,6 +45,7 @@ class BlockKey(Protocol):
 
 
 FOLDER = "hinted-blocks"
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 #: the share of the shared folder's free space (at mount) the shelf may fill: the folder also
@@ -67,13 +70,28 @@ class HintedShelf:
         return cls(folder, int(space.f_bavail * space.f_frsize * FREE_SPACE_SHARE))
 
     def path(self, key: BlockKey) -> str:
-        version = f"{key.name}\0{key.etag}".encode("utf-8", "surrogatepass")
-        digest = hashlib.blake2b(version, digest_size=12).hexdigest()
-        return f"{self.folder}/{digest}-{key.index}"
+        return f"{self.folder}/{_version_digest(key.name, key.etag)}-{key.index}"
 
     def put(self, key: BlockKey, data: bytes) -> None:
-        """(main process) Shelve a block; OSError if the folder is full (nothing is left)."""
-        atomic_write(self.path(key), (data,))
+        """(main process) Shelve a block; OSError if the folder is full (nothing is left).
+
+        Written in place with one `write`, no temporary and rename (two system calls of the
+        five a shelved block cost): a reader that comes while it is written gets fewer bytes
+        than the block has, which `read` takes for a miss."""
+        path = self.path(key)
+        fd = os.open(path, _NEW, 0o600)
+        try:
+            written = os.write(fd, data)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        if written != len(data):  # tmpfs writes all of it, or fails: a full folder
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise OSError(errno.ENOSPC, f"{written} of {len(data)} bytes shelved")
 
     def read(self, key: BlockKey, size: int) -> bytes | None:
         """The shelved block, `size` bytes, or None if it is not (or no longer) here."""
@@ -101,3 +119,11 @@ class HintedShelf:
         """(main process) Take a block off the shelf."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _version_digest(name: str, etag: str) -> str:
+    """A blob version's part of its blocks' names (each is looked up a few times: the open's
+    check, the reads, the removal)."""
+    version = f"{name}\0{etag}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(version, digest_size=12).hexdigest()
