@@ -1,4 +1,4 @@
-"""Hinted blocks on the shelf (multiproc/hinted_shelf.py, blocks/hinted.py): what the main
+"""Hinted blocks on the shelf (blocks/shelf.py, blocks/hinted.py): what the main
 process fetched for a hinted file, readable by the other processes of the mount, and removed by
 the main process alone, within its byte count."""
 
@@ -6,7 +6,7 @@ import os
 
 from blobmount.blocks.hinted import HintedBlocks
 from blobmount.blocks.keys import BlockKey
-from blobmount.multiproc.hinted_shelf import HintedShelf
+from blobmount.blocks.shelf import HintedShelf
 
 KEY = BlockKey("folder/a.jpg", '"0x8D0"', 0)
 
@@ -94,6 +94,11 @@ def test_blocks_beyond_the_shelfs_capacity_stay_in_the_main_process(tmp_path):
     assert shelf.holds(KEY)
     assert not shelf.holds(second)
     assert main.statistics().held_bytes == 2000
+    # what an open asks before it is made where it landed: only a shelved block says yes
+    assert main.on_shelf(KEY)
+    assert other.on_shelf(KEY)
+    assert not main.on_shelf(second)
+    assert not other.on_shelf(second)
     assert other.take(second, 1000, shelved=True) is None
     assert main.take(second, 1000) == b"b" * 1000
     # room on the shelf again once a shelved block left

@@ -111,7 +111,8 @@ class ReadAssembler:
         data = self._hinted.take(key, size, shelved=handle.shelved)
         if data is not None:
             self._hinted_hits += 1
-            handle.shelf_reads += handle.shelved
+            if handle.shelved:
+                handle.shelf_reads += 1
         elif (data := self._ram.get(key)) is not None:
             self._ram_hits += 1
         else:

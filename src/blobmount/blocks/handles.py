@@ -29,7 +29,7 @@ class BlockHandle:
     prefetched: set[int] = field(default_factory=set)  # in buffer, not yet read
     closed: bool = False
     #: opened in place of the main process, whose hinted blocks of it are on the shelf
-    #: (multiproc/hinted_shelf.py): they are read from there
+    #: (blocks/shelf.py): they are read from there
     shelved: bool = False
     #: blocks of it read from the shelf
     shelf_reads: int = 0

@@ -7,10 +7,10 @@ bytes (DATASET_MOUNT_HINT_MEMORY_LIMIT): room is reserved before a fetch starts,
 flight count too. A block leaves when a reader takes it (the read assembler moves it into that
 handle's buffer), when its file is closed, or when the hint coordinator gives up on its file.
 
-With several processes (DATASET_MOUNT_WORKER_PROCESSES) the blocks are on the shelf
-(multiproc/hinted_shelf.py), where every process can read them: the main process's store is the
-shelf's `owner` (it fetches, counts and removes), the others' stores read from it what the main
-process holds for a hinted blob (`shelf_reader`), leaving the removal to the main process.
+With several processes (DATASET_MOUNT_WORKER_PROCESSES) the main process's store keeps its
+blocks on the shelf (blocks/shelf.py, `shelve_on`), where every process can read them; it still
+counts them and removes them. The other processes' stores read from the shelf the blocks of a
+file opened there in place of the main process (`read_shelf_of`), leaving them there.
 """
 
 from __future__ import annotations
@@ -18,25 +18,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from blobmount.blocks.keys import BlockKey
+from blobmount.blocks.shelf import HintedShelf
 
 log = logging.getLogger(__name__)
-
-
-class Shelf(Protocol):
-    """Where the main process of several keeps its hinted blocks for every process to read
-    (multiproc/hinted_shelf.py)."""
-
-    #: the most bytes to put there
-    capacity: int
-
-    def put(self, key: BlockKey, data: bytes) -> None: ...
-
-    def read(self, key: BlockKey, size: int) -> bytes | None: ...
-
-    def remove(self, key: BlockKey) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +55,15 @@ class HintedBlocks:
         #: bytes of this store's blocks on the shelf
         self._shelved = 0
         #: the main process's shelf: where this store keeps its blocks (`shelve_on`)
-        self._shelf: Shelf | None = None
+        self._shelf: HintedShelf | None = None
         #: the other processes: the shelf they read (`read_shelf_of`)
-        self._reading: Shelf | None = None
+        self._reading: HintedShelf | None = None
 
-    def shelve_on(self, shelf: Shelf) -> None:
+    def shelve_on(self, shelf: HintedShelf) -> None:
         """(main process of several) Keep the blocks on `shelf`, for every process to read."""
         self._shelf = shelf
 
-    def read_shelf_of(self, shelf: Shelf) -> None:
+    def read_shelf_of(self, shelf: HintedShelf) -> None:
         """(other processes) Read the main process's blocks from `shelf` (`take`)."""
         self._reading = shelf
 
@@ -120,43 +106,42 @@ class HintedBlocks:
         self._held += len(data)
         self._by_version.setdefault((key.name, key.etag), set()).add(key)
 
+    def on_shelf(self, key: BlockKey) -> bool:
+        """Whether the block is on the shelf, where any process can read it."""
+        if self._shelf is not None:
+            return isinstance(self._blocks.get(key), int)
+        return self._reading is not None and self._reading.holds(key)
+
     def take(self, key: BlockKey, size: int, *, shelved: bool = False) -> bytes | None:
         """The block (`size` bytes), removed from here (a reader has it now), or None.
         `shelved`: the main process holds the file's hinted blocks on the shelf this process
         reads: the block read from there, left for the main process to remove when the file
         is closed."""
-        held = self._remove(key)
-        if held is not None:
-            data = held if isinstance(held, bytes) else self._off_shelf(key, held)
-            if data is not None:
-                self._taken += 1
-            return data
-        if shelved and self._reading is not None:
-            data = self._reading.read(key, size)
-            if data is not None:
-                self._shelf_reads += 1
-            return data
-        return None
-
-    def _off_shelf(self, key: BlockKey, size: int) -> bytes | None:
-        """(main process) A shelved block's bytes, and the block off the shelf."""
-        assert self._shelf is not None
-        data = self._shelf.read(key, size)
-        self._shelf.remove(key)
+        held = self._pop(key)
+        if isinstance(held, int):
+            assert self._shelf is not None
+            data = self._shelf.read(key, held)
+            self._shelf.remove(key)
+        else:
+            data = held
+            if data is None and shelved and self._reading is not None:
+                data = self._reading.read(key, size)
+                if data is not None:
+                    self._shelf_reads += 1
+                return data
+        if data is not None:
+            self._taken += 1
         return data
 
     def discard(self, key: BlockKey) -> None:
-        """A reader fetched the block itself (it joined the hinted fetch): drop it from here."""
-        held = self._remove(key)
-        if held is not None:
+        """A reader has the block already (it fetched it itself, or another process read it
+        from the shelf): drop it from here, as taken."""
+        if self._remove(key) is not None:
             self._taken += 1
-            if isinstance(held, int):
-                assert self._shelf is not None
-                self._shelf.remove(key)
 
     def hand_over(self, name: str, etag: str) -> None:
-        """(main process) Another process read one version's shelved blocks and closed the
-        file: they leave as taken, not as dropped unread."""
+        """(main process) What is left of a version's shelved blocks was read by another
+        process: they leave as taken, not as dropped unread."""
         for key in list(self._by_version.get((name, etag), ())):
             self.discard(key)
 
@@ -164,26 +149,31 @@ class HintedBlocks:
         """Drop what is held for one blob version; returns the bytes dropped."""
         freed = 0
         for key in list(self._by_version.get((name, etag), ())):
-            held = self._remove(key)
-            if held is not None:
-                if isinstance(held, int):
-                    assert self._shelf is not None
-                    self._shelf.remove(key)
-                freed += held if isinstance(held, int) else len(held)
+            size = self._remove(key)
+            if size is not None:
+                freed += size
                 self._dropped += 1
         self._dropped_bytes += freed
         return freed
 
-    def _remove(self, key: BlockKey) -> bytes | int | None:
+    def _remove(self, key: BlockKey) -> int | None:
+        """Forget a block and take it off the shelf if it is there: its length, or None."""
+        held = self._pop(key)
+        if isinstance(held, int):
+            assert self._shelf is not None
+            self._shelf.remove(key)
+            return held
+        return None if held is None else len(held)
+
+    def _pop(self, key: BlockKey) -> bytes | int | None:
         """Forget a block: its bytes, or its length if it is on the shelf (still there)."""
         held = self._blocks.pop(key, None)
         if held is None:
             return None
+        size = held if isinstance(held, int) else len(held)
+        self._held -= size
         if isinstance(held, int):
-            self._held -= held
-            self._shelved -= held
-        else:
-            self._held -= len(held)
+            self._shelved -= size
         version = (key.name, key.etag)
         keys = self._by_version[version]
         keys.discard(key)

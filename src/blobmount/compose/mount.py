@@ -17,6 +17,7 @@ import trio
 
 from blobmount.blocks.disk_tier import BlockDiskTier, open_block_disk_tier
 from blobmount.blocks.manager import BlockManager
+from blobmount.blocks.shelf import HintedShelf
 from blobmount.compose.configs import (
     block_manager_config,
     disk_tier_config,
@@ -131,10 +132,11 @@ async def open_mount(
         fs.open_listener = hints
         if shared is not None and caches.whole_files is None:
             # the main process's hinted blocks on the shelf, where the others read them
+            shelf = HintedShelf.create(shared.folder)
             if shared.index == MAIN_PROCESS:
-                blocks.hinted.shelve_on(shared.shelf)
+                blocks.hinted.shelve_on(shelf)
             else:
-                blocks.hinted.read_shelf_of(shared.shelf)
+                blocks.hinted.read_shelf_of(shelf)
         if shared is not None:
             work.start_soon(fs.sweep_while_idle)
         try:

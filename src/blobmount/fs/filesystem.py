@@ -442,7 +442,12 @@ class BlobFilesystem:
             # the main process's hinted blocks in its memory: every READ is to come to it
             by_owner = for_another or (main and hinted and not shelved)
             return self._open_shared(
-                node, version, reader, by_owner=by_owner, shelved=shelved, noted=not main
+                node,
+                version,
+                reader,
+                by_owner=by_owner,
+                shelved=shelved,
+                noted=shelved and not main,
             )
         open_etags = self._open_etags.setdefault(node.inode, Counter())
         if any(other != etag for other in open_etags):
@@ -480,9 +485,9 @@ class BlobFilesystem:
         where every process can read them: another process then opens the file itself, and
         tells the main process (one-way notices), in place of passing it the open, and the
         handle's READs are read wherever they land."""
-        if self._whole_files is not None or self._shared is None:
+        if self._whole_files is not None:
             return False
-        return self._shared.shelf.holds(BlockKey(version.name, version.etag, 0))
+        return self._blocks.hinted.on_shelf(BlockKey(version.name, version.etag, 0))
 
     async def _open_in_hints_process(
         self, inode: int, flags: int, version: BlobVersion
@@ -520,8 +525,8 @@ class BlobFilesystem:
         """The open of a mount several processes serve: the page-cache rules of `open` above
         applied to every process's handles of the inode (the shared open versions), and a handle
         number any process can resolve to the pinned version (`by_owner`: whose READs all come
-        to this process; `shelved`: its hinted blocks are on the shelf; `noted`, with it:
-        opened in place of the main process, which is told)."""
+        to this process; `shelved`: its hinted blocks are on the shelf; `noted`: opened from
+        there in place of the main process, which is told)."""
         assert self._shared is not None
         keep_cache, direct_io = self._shared.versions.opened(node.inode, version.etag)
         try:
@@ -539,7 +544,7 @@ class BlobFilesystem:
             raise
         node.opens += 1
         handle = self._files[fh] = _FileHandle(node, version, reader)
-        if shelved and noted:
+        if noted:
             handle.noted = True
             self._shelf_opens += 1
             self._tell_main(NOTE_OPENED, version)

@@ -19,7 +19,7 @@ whose READs all come back to it, and the process that got the OPEN answers the k
 that handle.
 
 A process that opens a hinted file itself, because the main process's blocks of it are on
-the shelf (multiproc/hinted_shelf.py), tells the main process of the open and of the close
+the shelf (blocks/shelf.py), tells the main process of the open and of the close
 with *notices*: one-way messages, batched, with no answer, so the coordinator there moves its
 window on and frees the file's room without the open waiting for it.
 

@@ -33,7 +33,7 @@ class BlockReader:
     @property
     def shelved(self) -> bool:
         """Whether the file's hinted blocks are on the main process's shelf
-        (multiproc/hinted_shelf.py), where any process of the mount may read them."""
+        (blocks/shelf.py), where any process of the mount may read them."""
         return self._handle.shelved
 
     @property

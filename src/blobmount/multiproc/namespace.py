@@ -14,7 +14,6 @@ from pathlib import Path
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
 from blobmount.multiproc.handles import SharedHandles
 from blobmount.multiproc.hinted_names import SharedHintedNames
-from blobmount.multiproc.hinted_shelf import HintedShelf
 from blobmount.multiproc.names import SharedNames
 from blobmount.multiproc.open_versions import SharedOpenVersions
 from blobmount.multiproc.whole_file_copies import SiblingCopies
@@ -34,8 +33,9 @@ class SharedNamespace:
     hinted: SharedHintedNames
     #: whole-file mode: the downloads in progress and the entries each process wrote
     copies: SiblingCopies
-    #: block mode: the main process's hinted blocks, for every process to read
-    shelf: HintedShelf
+    #: the mount's folder in /dev/shm these tables are in (block mode keeps the main
+    #: process's hinted blocks there too, blocks/shelf.py)
+    folder: Path
 
     @classmethod
     def create(cls, folder: Path, processes: int) -> SharedNamespace:
@@ -46,7 +46,7 @@ class SharedNamespace:
             SharedBudgetCounters.create(folder),
             SharedHintedNames.create(folder),
             SiblingCopies.create(folder, processes),
-            HintedShelf.create(folder),
+            folder,
         )
 
     def bind(self, index: int) -> None:

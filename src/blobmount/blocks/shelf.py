@@ -12,8 +12,8 @@ that gets the OPEN opens the file itself and reads the block from here, and tell
 process of the open and the close (`fs/forward.py` notices) so that its coordinator moves the
 window on and frees the room.
 
-Only the main process writes and removes (blocks/hinted.py, `shelve_on`, keeps the index and
-the byte count against DATASET_MOUNT_HINT_MEMORY_LIMIT); the others only read. The shelf takes
+Only the main process writes and removes (its hinted store, blocks/hinted.py, keeps the index
+and the byte count against DATASET_MOUNT_HINT_MEMORY_LIMIT); the others only read. The shelf takes
 at most half the folder's free space at mount: the blocks beyond it stay in the main process's
 memory, and the opens of their files are passed to it as before. A reader
 that comes after the block was removed finds nothing and fetches the block as without hints:
@@ -28,21 +28,8 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Protocol
 
-
-class BlockKey(Protocol):
-    """A block of one blob version (blocks/keys.py's, which this layer cannot import)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def etag(self) -> str: ...
-
-    @property
-    def index(self) -> int: ...
-
+from blobmount.blocks.keys import BlockKey
 
 FOLDER = "hinted-blocks"
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -64,6 +51,8 @@ class HintedShelf:
 
     @classmethod
     def create(cls, parent: Path) -> HintedShelf:
+        """The shelf in the mount's shared folder `parent` (made by whichever process comes
+        first)."""
         folder = parent / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
         space = os.statvfs(folder)
