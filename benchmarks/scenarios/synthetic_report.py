@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scenarios.plans import GiB, MiB
+from scenarios.process_tree import TreeUsage
 from scenarios.synthetic_group import SyntheticScenario
 from scenarios.synthetic_mount import MountRun
 
@@ -60,6 +61,17 @@ class Row:
             return f"{1000 * cpu_s / self.files:.3f} ms/file"
         return f"{cpu_s / (self.requested_bytes / GiB):.3f} s/GiB"
 
+    def switches(self, usage: TreeUsage) -> str:
+        """The tree's waits / preemptions per file (small files) or per MiB (the large file)."""
+        if self.scenario.kind == "small":
+            per, unit = self.files, "file"
+        else:
+            per, unit = self.requested_bytes / MiB, "MiB"
+        if not per:
+            return "-"
+        voluntary, involuntary = usage.voluntary_switches / per, usage.involuntary_switches / per
+        return f"{voluntary:.2f} / {involuntary:.2f} per {unit}"
+
     def summary(self) -> str:
         """The last run, for the log."""
         if self.mount_runs:
@@ -75,9 +87,9 @@ class Row:
 
 HEADER = (
     "| scenario | system | processes | time (s) | rate | vs ceiling | CPU, tree | "
-    "CPU, main process | time per file, 1 reader | harness CPU | other CPU | GETs | "
-    "peak RSS, main | verified |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    "CPU, main process | switches, tree | time per file, 1 reader | harness CPU | other CPU | "
+    "GETs | peak RSS, main | verified |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 )
 
 LEGEND = """\
@@ -88,6 +100,9 @@ LEGEND = """\
   the timed part, per file (ms) or per GiB (s); for the ceiling, the harness's CPU.
   **CPU, main process**: the daemon's first process alone, the serial part of a multi-process
   mount (the same as the tree with one process). "n lost": processes that exited mid-run.
+- **switches, tree**: context switches of the tree's threads per file (S3) or per MiB (S1, S2):
+  waits / preemptions. Preemptions mean the machine has fewer cores than busy threads: each
+  costs the preempted process its warm caches, so its CPU per file rises.
 - **processes**: processes in the daemon's tree (asked for with DATASET_MOUNT_WORKER_PROCESSES).
 - **time per file, 1 reader**: wall time per file with one reader: a cold file's latency.
 - **harness CPU / other CPU**: average cores used by the reader threads, and by everything else
@@ -98,7 +113,7 @@ def _line(row: Row, ceiling_s: float | None) -> str:
     name = row.scenario.name
     seconds = row.seconds
     if seconds is None:
-        return f"| {name} | {row.system} | | error: {(row.error or '')[:160]} |" + " |" * 10
+        return f"| {name} | {row.system} | | error: {(row.error or '')[:160]} |" + " |" * 11
     runs = f" (median of {row.runs})" if row.runs > 1 else ""
     latency = "-"
     if row.scenario.kind == "small" and row.scenario.readers == 1:
@@ -109,7 +124,7 @@ def _line(row: Row, ceiling_s: float | None) -> str:
         cpu = statistics.median(c for _, c in row.ceiling_runs)
         return (
             f"| {name} | {row.system} | - | {seconds:.3f}{runs} | {row.rate(seconds)} | "
-            f"1.00 (ref) | {row.per_unit(cpu)} (harness) | - | {latency} | - | - | - | - | "
+            f"1.00 (ref) | {row.per_unit(cpu)} (harness) | - | - | {latency} | - | - | - | - | "
             f"{ok} |"
         )
     usage = run.usage
@@ -123,7 +138,8 @@ def _line(row: Row, ceiling_s: float | None) -> str:
     return (
         f"| {name} | {row.system} | {processes} | {seconds:.3f}{runs} | {row.rate(seconds)} | "
         f"{ratio} | {row.per_unit(usage.tree_cpu_s)}{lost} | {row.per_unit(usage.root_cpu_s)} | "
-        f"{latency} | {usage.harness_cpu_s / seconds:.2f} | {usage.others_cpu_s / seconds:.2f} | "
+        f"{row.switches(usage)} | {latency} | {usage.harness_cpu_s / seconds:.2f} | "
+        f"{usage.others_cpu_s / seconds:.2f} | "
         f"{gets} | {rss} | {ok} |"
     )
 
