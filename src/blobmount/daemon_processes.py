@@ -248,21 +248,15 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
         forwarder = ReadForwarder(mount.folder, index, forwarding, wakeup.wake)
         parts.fs.forwarder = forwarder
         mount.ops.fs = parts.fs
-        flow = own_stack.flow.flow
-        # a burst of requests wakes one process per request, not every process (fs/wakeup.py)
-        wakeup.read_directly_when(lambda: mount.ops.fresh_from_a_request() and not flow.in_flight)
         try:
             yield parts
         finally:
-            wakeup.read_directly_when(None)
             forwarding.cancel_scope.cancel()
             forwarder.close()
             log.info(
-                "process %d (pid %d): %d reads of the FUSE device made without waiting in trio, "
-                "%d signals to wake a blocked one",
+                "process %d (pid %d): %d signals to wake a blocked read of the FUSE device",
                 index,
                 os.getpid(),
-                wakeup.direct_reads(),
                 wakeup.wakeups(),
             )
 

@@ -22,7 +22,7 @@ import trio.testing
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.errors import StorageUnavailable
 from blobmount.fs.filesystem import FOREVER_S, BlobFilesystem, FsConfig
-from blobmount.fs.fuse_ops import BURST_S, FuseOperations
+from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.namespace.inodes import ROOT_INODE, inode_for
 from blobmount.storage.base import StorageClient
 from blobmount.storage.faulty import FaultyStorageClient
@@ -386,20 +386,3 @@ async def test_wait_idle_waits_for_requests_in_progress(stack: Stack) -> None:
         gate.set()
     assert done == ["read", "read", "idle"]
     await ops.wait_idle()
-
-
-async def test_fresh_from_a_request_only_just_after_one_ended(stack: Stack, autojump_clock) -> None:
-    # what lets a process of several read the device without waiting in trio (fs/wakeup.py)
-    ops = stack.ops
-    assert not ops.fresh_from_a_request()  # no request yet
-    fh = await stack.open("data.bin")
-    assert ops.fresh_from_a_request()
-    gate = stack.gated.gate = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ops.read, fh, 0, 8)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not ops.fresh_from_a_request()  # one in progress: its fetch must be answered
-        gate.set()
-    assert ops.fresh_from_a_request()
-    await trio.sleep(BURST_S)
-    assert not ops.fresh_from_a_request()

@@ -210,56 +210,6 @@ def test_facade_replaces_only_wait_readable():
     assert result["enabled"] is True
 
 
-def test_direct_read_skips_the_wait_and_is_still_freed_by_the_timer():
-    """In a burst (the mount's test says so) the facade returns without waiting on the fd, so
-    pyfuse3 blocks in the read, where the kernel wakes one process per request; the armed timer
-    still frees that read. Otherwise the facade waits on the fd as before, and a test that
-    became false, or none, or a forked child, means waiting again."""
-    result = run_scenario("""
-        import pyfuse3, trio
-        wakeup.enable_blocked_read_wakeup(period_s=0.005)
-        facade = pyfuse3.trio
-        burst = {"on": True}
-        wakeup.read_directly_when(lambda: burst["on"])
-        seen = {}
-
-        async def returns_at_once(fd):
-            with trio.move_on_after(0.5) as scope:
-                await facade.lowlevel.wait_readable(fd)
-            return not scope.cancelled_caught
-
-        async def main():
-            r, w = os.pipe()  # never written: nothing is readable
-            seen["direct"] = await returns_at_once(r)
-            seen["armed_after_direct"] = wakeup.armed()
-            seen["read"] = c_read(r)  # blocks, holding the GIL, as pyfuse3's read does
-            wakeup.disarm()
-            burst["on"] = False
-            seen["waited_when_false"] = not await returns_at_once(r)
-            wakeup.read_directly_when(None)
-            seen["waited_when_none"] = not await returns_at_once(r)
-            wakeup.read_directly_when(lambda: True)
-            child = os.fork()
-            if child == 0:
-                os._exit(0 if wakeup._direct is None and wakeup.direct_reads() == 0 else 1)
-            seen["child_forgets"] = os.waitpid(child, 0)[1] == 0
-            wakeup.read_directly_when(None)
-
-        trio.run(main)
-        report(seen=seen, direct_reads=wakeup.direct_reads())
-    """)
-    seen = result["seen"]
-    assert seen["direct"] is True
-    assert seen["armed_after_direct"] is True
-    assert seen["read"]["n"] == -1
-    assert seen["read"]["errno"] == 4  # EINTR
-    assert seen["read"]["elapsed"] < 0.3
-    assert seen["waited_when_false"] is True
-    assert seen["waited_when_none"] is True
-    assert seen["child_forgets"] is True
-    assert result["direct_reads"] == 1
-
-
 def test_enable_is_idempotent_and_per_process():
     result = run_scenario("""
         import pyfuse3

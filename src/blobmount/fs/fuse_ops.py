@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -23,10 +22,6 @@ from blobmount.fs.errno_map import errno_for
 from blobmount.fs.filesystem import Attr, BlobFilesystem
 
 log = logging.getLogger(__name__)
-
-#: how soon after a request ends the next one counts as part of the same burst (see
-#: `FuseOperations.fresh_from_a_request`): a reader's few steps between its system calls
-BURST_S = 0.002
 
 
 class _Request:
@@ -74,8 +69,6 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         #: INIT reaches a process before it serves
         self.fs = cast(BlobFilesystem, fs)
         self.active_requests = 0
-        #: trio time the last request handler ended (see `fresh_from_a_request`)
-        self._last_ended = -math.inf
         #: set when active_requests drops to 0; made only while someone waits for that
         self._idle: trio.Event | None = None
         # one per kind of request: they hold no state of their own, only its name
@@ -104,13 +97,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
                 self._idle = trio.Event()
             await self._idle.wait()
 
-    def fresh_from_a_request(self) -> bool:
-        """No request handler is running here and one ended within `BURST_S`: in a burst of
-        requests, where the next one is due soon (fs/wakeup.py's direct read)."""
-        return self.active_requests == 0 and trio.current_time() - self._last_ended < BURST_S
-
     def _request_ended(self) -> None:
-        self._last_ended = trio.current_time()
         self.active_requests -= 1
         if self.active_requests == 0 and self._idle is not None:
             self._idle.set()

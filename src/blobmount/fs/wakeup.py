@@ -18,14 +18,6 @@ preempted, or collecting garbage, between arming and reading) and interrupt noth
 read to block. The Python handler stops it after `repeat_for_s`, so a request that pyfuse3
 answers without calling a Python handler cannot leave it firing.
 
-Waiting in trio has a price of its own: the kernel wakes *every* process waiting in epoll on the
-device for each request (a poll wait is not exclusive), while a read blocked in the device is
-woken alone (an exclusive wait). So a process that has just answered a request and has nothing
-else in progress (`read_directly_when`'s test) skips trio's wait and goes straight to the read,
-where it is one of the exclusive waiters: in a burst of requests one process wakes per request,
-not all of them. The same timer bounds the block: after one period the read returns EINTR and the
-process, no longer fresh from a request, waits in trio again.
-
 Linux x86_64 only (the `struct sigevent` layout and `SIGEV_THREAD_ID`).
 """
 
@@ -37,7 +29,6 @@ import functools
 import os
 import signal
 import threading
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -104,9 +95,6 @@ class _State:
 
 _state: _State | None = None
 _wakeups = 0
-#: whether this process may read the device without waiting in trio (set by the mount)
-_direct: Callable[[], bool] | None = None
-_direct_reads = 0
 
 
 def _arm() -> None:
@@ -124,21 +112,6 @@ def disarm() -> None:
     if s is not None and s.armed:
         s.armed = False
         s.settime(s.timer, 0, s.off_spec, None)
-
-
-def read_directly_when(test: Callable[[], bool] | None) -> None:
-    """Let this process's next read of the device skip trio's wait whenever `test()` is true:
-    it should be true only just after a request was answered, with nothing else in progress
-    here (no request handler running, no storage request in flight), since the process's loop,
-    and its other threads, stand still while the read blocks (for up to one timer period).
-    None: always wait in trio."""
-    global _direct
-    _direct = test
-
-
-def direct_reads() -> int:
-    """How many reads of the device this process made without waiting in trio first."""
-    return _direct_reads
 
 
 def armed() -> bool:
@@ -186,11 +159,9 @@ def wake(pid: int) -> None:
 
 def _forget_after_fork() -> None:
     # timers are not inherited: the child's timer id would name nothing, or another timer
-    global _state, _wakeups, _direct, _direct_reads
+    global _state, _wakeups
     _state = None
     _wakeups = 0
-    _direct = None
-    _direct_reads = 0
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -244,17 +215,9 @@ class _LowlevelFacade:
 
     @staticmethod
     async def wait_readable(fd: int) -> None:
-        global _direct_reads
         # back in trio's wait: a signal now would only wake the loop for nothing
         disarm()
-        direct = _direct
-        if direct is not None and _state is not None and direct():
-            # a burst: let the loop run what is ready, then block in the read itself (module
-            # docstring); the timer armed below ends that block after one period
-            _direct_reads += 1
-            await trio.lowlevel.checkpoint()
-        else:
-            await trio.lowlevel.wait_readable(fd)
+        await trio.lowlevel.wait_readable(fd)
         # nothing awaits between here and pyfuse3's read, which may block
         _arm()
 

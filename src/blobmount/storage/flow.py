@@ -237,11 +237,6 @@ class FlowController:
         )
 
     @property
-    def in_flight(self) -> int:
-        """Requests sent through this controller and not answered yet."""
-        return self._in_flight
-
-    @property
     def breaker_state(self) -> BreakerState:
         return self._breaker.state
 
