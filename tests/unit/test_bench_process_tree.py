@@ -70,4 +70,3 @@ def test_tree_meter_counts_the_switches_of_the_processes_under_the_root():
         root.wait()
     assert usage.processes == 2
     assert usage.voluntary_switches >= 30  # about 150 waits of 2 ms in 0.3 s
-    assert usage.involuntary_switches >= 0
