@@ -8,8 +8,10 @@ forwards. For tests of which requests a client sends through a proxy.
 
 It takes absolute-form requests ("GET http://host:port/path HTTP/1.1"), forwards each to its
 origin on a connection of its own with `Connection: close`, and relays the answer until the
-origin closes. Only loopback origins are forwarded; anything else is answered 403. Requests with
-a body and CONNECT (HTTPS) are answered 501: the tests need neither.
+origin closes. CONNECT (an HTTPS tunnel) opens a connection to the origin, answers 200 and relays
+bytes both ways until either side closes (recorded as "CONNECT host:port"). Only loopback
+origins are reached; anything else is answered 403. Requests with a body are answered 501: the
+tests need none. `proxy.heads` keeps each request's whole head, to check what a client sent.
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ class _Handler(socketserver.BaseRequestHandler):
             head += chunk
         request_line, _, rest = head.partition(b"\r\n")
         method, target, version = request_line.decode("latin-1").split(" ", 2)
+        with self.server.lock:
+            self.server.heads.append(head.split(b"\r\n\r\n", 1)[0].decode("latin-1"))
+        if method == "CONNECT":
+            self._tunnel(target)
+            return
         parts = urlsplit(target)
-        if method == "CONNECT" or parts.scheme != "http" or b"content-length:" in rest.lower():
+        if parts.scheme != "http" or b"content-length:" in rest.lower():
             self._answer(501, "Not Implemented")
             return
         if parts.hostname not in ("127.0.0.1", "localhost"):
@@ -59,6 +66,29 @@ class _Handler(socketserver.BaseRequestHandler):
             while chunk := up.recv(65536):
                 self.request.sendall(chunk)
 
+    def _tunnel(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+            self._answer(403, "Forbidden")
+            return
+        with self.server.lock:
+            self.server.requests.append(f"CONNECT {target}")
+        with socket.create_connection((host, int(port)), timeout=30) as up:
+            self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            down = self.request
+
+            def relay(source: socket.socket, sink: socket.socket) -> None:
+                with contextlib.suppress(OSError):
+                    while chunk := source.recv(65536):
+                        sink.sendall(chunk)
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+
+            back = threading.Thread(target=relay, args=(up, down), daemon=True)
+            back.start()
+            relay(down, up)
+            back.join(timeout=30)
+
     def _answer(self, status: int, reason: str) -> None:
         self.request.sendall(
             f"HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
@@ -72,6 +102,7 @@ class _Server(socketserver.ThreadingTCPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.requests: list[str] = []
+        self.heads: list[str] = []
         self.lock = threading.Lock()
 
 
@@ -91,6 +122,11 @@ class ForwardProxy:
     def requests(self) -> list[str]:
         with self._server.lock:
             return list(self._server.requests)
+
+    @property
+    def heads(self) -> list[str]:
+        with self._server.lock:
+            return list(self._server.heads)
 
     def __enter__(self) -> ForwardProxy:
         self._thread.start()

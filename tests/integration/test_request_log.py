@@ -175,7 +175,7 @@ def test_a_request_with_no_answer_is_logged_and_its_failure_names_it(caplog):
         _run(client, lambda c: c.get_properties("x"))
     (line,) = _lines(caplog)
     assert line["status"] == "-"
-    assert line["error"] == "ClientConnectorError"
+    assert line["error"] == "ConnectionRefusedError"
     assert line["server"] == "-"
     assert f"[client request id {line['client']}]" in str(failed.value)
 

@@ -4,7 +4,7 @@ A storage client's error names the request it made ("list acct/container/prefix/
 of failure ("connection failed"); the exceptions underneath it say more: the host that did not
 resolve, the port that refused, the TLS check that failed, each credential that could not give a
 token. `explain` adds that, and what to do about it, to the error's message. It reads the
-exceptions by their standard-library types and attributes only (aiohttp and azure are confined
+exceptions by their standard-library types and attributes only (HTTP and azure are confined
 to storage/), and copies no library text but azure-identity's per-credential reasons, which
 go through the log redaction with every URL shown as <url>: no secret reaches the message.
 """
@@ -38,9 +38,10 @@ _REFUSED_ADVICE = (
 
 
 def causes(exc: BaseException) -> list[BaseException]:
-    """`exc` and what lies under it: aiohttp's `os_error`, azure-core's `inner_exception`, then
-    the explicit or implicit cause (a storage client raises its own error `from None`, which
-    hides the original from tracebacks but keeps it as `__context__`)."""
+    """`exc` and what lies under it: aiohttp's `os_error` (under the SDK), azure-core's
+    `inner_exception`, then the explicit or implicit cause (a storage client raises its own
+    error `from None`, which hides the original from tracebacks but keeps it as
+    `__context__`)."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain and len(chain) < _MAX_CAUSES:
@@ -106,7 +107,7 @@ def _network(chain: list[BaseException], endpoint_hint: str | None) -> str | Non
         )
     tls = [exc for exc in chain if isinstance(exc, ssl.SSLError)]
     if tls:
-        # the ssl module's own error carries the reason; aiohttp's wrapper of it does not
+        # the ssl module's own error carries the reason; a wrapper of it may not
         reasons = [getattr(e, "verify_message", None) or getattr(e, "reason", None) for e in tls]
         why = next((r for r in reasons if r), None)
         if any(isinstance(exc, ssl.SSLCertVerificationError) for exc in tls):

@@ -74,9 +74,9 @@ def azure_client_config(settings: Settings) -> AzureClientConfig:
 
 @asynccontextmanager
 async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncIterator[StorageClient]:
-    """The Azure client for `spec`, with its asyncio bridge; closed on exit."""
-    # lazy: the Azure SDK and aiohttp load only when a real Azure client is opened
-    from blobmount.storage._aio_bridge import AsyncioBridge
+    """The Azure client for `spec`; closed on exit. It runs on trio; only an Azure AD
+    credential starts an asyncio thread (for its tokens), when the first token is needed."""
+    # lazy: the Azure SDK loads only when a real Azure client is opened
     from blobmount.storage.azure import AzureStorageClient
     from blobmount.storage.azure_auth import resolve_access
 
@@ -84,28 +84,22 @@ async def open_azure_storage(settings: Settings, spec: SourceSpec) -> AsyncItera
     access = resolve_access(spec, os.environ, anonymous=config.anonymous)
     log.info("storage %s, credentials: %s", spec.display, access.method)
     log.info("settings: %s", "; ".join(f"{name}={value}" for name, value, _ in describe(settings)))
-    bridge = AsyncioBridge()
-    bridge.start()
+    # the client takes over access.credential: its aclose() closes a token credential too
+    client = AzureStorageClient(
+        access.account_url,
+        access.container,
+        access.credential,
+        account=access.account,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+        max_connections=config.max_connections,
+        user_agent=config.user_agent,
+    )
     try:
-        # the client takes over access.credential: its aclose() closes a token credential too
-        client = AzureStorageClient(
-            access.account_url,
-            access.container,
-            access.credential,
-            bridge=bridge,
-            account=access.account,
-            connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.read_timeout_s,
-            max_connections=config.max_connections,
-            user_agent=config.user_agent,
-        )
-        try:
-            yield client
-        finally:
-            with trio.CancelScope(shield=True):
-                await client.aclose()
+        yield client
     finally:
-        bridge.close()
+        with trio.CancelScope(shield=True):
+            await client.aclose()
 
 
 def open_source_storage(

@@ -1,22 +1,25 @@
 """AzureStorageClient: the StorageClient for Azure Blob Storage (and Azurite).
 
 Three REST calls (List Blobs, Get Blob Properties, a ranged Get Blob pinned with If-Match) sent
-with aiohttp directly. The Azure SDK's async pipeline costs about 1 ms of CPU per request (policy
-chain, generated client, deserialisation) against 0.2 ms for the same GET on a bare aiohttp
-session (measured: 2,000 GETs of 25 KB, 32 at once, against Azurite), and the daemon's CPU, not
-the network, bounded small-file reads. The SDK still provides what is worth having from it:
-credential types, the key-derived SAS (see rest_auth) and the exception types of azure-identity.
+by the client itself, over HTTP/1.1 on trio (`storage.http1`), from the task that makes the
+call. The Azure SDK's async pipeline cost about 1 ms of CPU per request (policy chain,
+generated client, deserialisation), a bare aiohttp session behind the asyncio bridge 0.7-1.0 ms
+with the bridge's thread hops, `http1` about 0.3 ms (docs/developer-notes/storage-client.md);
+the daemon's CPU, not the network, bounds small-file reads. The SDK still provides what is worth
+having from it: credential types, the key-derived SAS (see rest_auth) and the exception types
+of azure-identity.
 
-aiohttp runs on asyncio and the mount on trio, so the session lives on an AsyncioBridge loop
-thread: it is created lazily by the first call, *on the loop thread*, and closed there by
-`aclose()`. Trio code only ever awaits `bridge.run(...)`.
+The one thing left on asyncio is an Azure AD token: azure-identity's async credentials run on an
+AsyncioBridge loop thread, started when the first token is needed and asked again only when the
+token is about to expire (`rest_auth.BearerAuth`). Every other credential costs no thread.
 
 There are no hidden re-requests here: RetryingStorageClient retries transient failures with
-backoff. aiohttp's timeouts are per step: connecting (connect timeout) and each socket read (read
+backoff (`http1` sends a request again only when a kept-alive connection turns out closed before
+any answer). Timeouts are per step: connecting (connect timeout) and each socket read (read
 timeout). A body that trickles in a few bytes at a time never trips either, so every call also
 has an overall deadline (`call_deadline_s`), after which it fails as StorageUnavailable.
 
-Every aiohttp / asyncio / credential exception is turned into a `blobmount.errors` exception by
+Every network / credential exception is turned into a `blobmount.errors` exception by
 `translate_error` alone, with a message of our own making: library texts can contain request
 URLs, and a URL can carry a SAS signature. Throttling answers (503, 500, 429) become `Throttled`
 and timeouts `TimedOut` (storage/overload.py), which the flow controller reads.
@@ -24,26 +27,25 @@ and timeouts `TimedOut` (storage/overload.py), which the flow controller reads.
 Every call carries an `x-ms-client-request-id` of its own (a UUID, in every request the call
 sends), and its failure message names it, so a failure in the log can be handed to Azure support.
 At DEBUG, each request also gets one log line (storage/request_log.py) with that id and the
-`x-ms-request-id` storage answered with, written when the answer is released (`LoggedResponse`).
+`x-ms-request-id` storage answered with, written when its answer is done with (body read or
+released).
 """
 
 from __future__ import annotations
 
-import contextvars
 import email.utils
 import inspect
 import ipaddress
 import logging
 import os
+import platform
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
-import aiohttp
 import trio
-import yarl
 from azure.core.exceptions import (
     ClientAuthenticationError,
     IncompleteReadError,
@@ -73,10 +75,11 @@ from blobmount.storage.base import (
     StorageClient,
 )
 from blobmount.storage.body_parts import PartCutter
+from blobmount.storage.http1 import Answer, Http1Client
 from blobmount.storage.overload import THROTTLE_STATUSES, Throttled, TimedOut, add_request_id
 from blobmount.storage.request_log import SentRequest, describe_url
 from blobmount.storage.request_log import enabled as request_log_enabled
-from blobmount.storage.rest_auth import RequestAuth, request_auth
+from blobmount.storage.rest_auth import BearerAuth, RequestAuth, request_auth
 from blobmount.storage.rest_parse import (
     parse_list_page,
     props_from_get,
@@ -90,12 +93,11 @@ T = TypeVar("T")
 
 #: the REST API version we speak (supported by Azure and by Azurite 3.37)
 API_VERSION = "2024-08-04"
-#: aiohttp's read buffer per connection: at its default (256 KiB) a 2 MiB body makes the
-#: transport pause and resume reading several times
-_READ_BUFFER_BYTES = 4 * 1024 * 1024
 #: the product named in the User-Agent header when the caller gives none (the composition
-#: layer gives "blobmount/<version>"); aiohttp's own token is added after it
+#: layer gives "blobmount/<version>"); the Python version is added after it
 DEFAULT_USER_AGENT = "blobmount"
+#: an error answer's body (an XML reason) is read, to keep its connection, up to this size
+_ERROR_BODY_BYTES = 64 * 1024
 #: characters left as they are in a blob name in a URL path (as the SDK does)
 _PATH_SAFE = "/~"
 
@@ -105,10 +107,6 @@ MIN_BODY_BYTES_PER_S = 1024 * 1024
 _LIST_PAGE_BYTES = 4 * 1024 * 1024
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-#: the client request id of the call running in this asyncio task (set by `_call`'s `_tagged`)
-_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "blobmount_client_request_id", default=None
-)
 _TIMEOUT_TYPES: tuple[type[BaseException], ...] = (
     TimeoutError,
     ServiceRequestTimeoutError,
@@ -118,9 +116,9 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
     ServiceRequestError,
     ServiceResponseError,
     IncompleteReadError,
-    aiohttp.ClientError,
     TimeoutError,  # asyncio.TimeoutError is TimeoutError since 3.11
-    ConnectionError,
+    # every failure on the way (refused, reset, no DNS answer, TLS, a body cut short: http1)
+    OSError,
 )
 
 
@@ -139,11 +137,6 @@ def account_name_from_url(account_url: str) -> str:
     return host.split(".", 1)[0]
 
 
-def _proxy_configured() -> bool:
-    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-    return any(os.environ.get(n) or os.environ.get(n.lower()) for n in names)
-
-
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -157,8 +150,6 @@ def _is_ip(host: str) -> bool:
 
 def _status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status_code", None)
-    if status is None and isinstance(exc, aiohttp.ClientResponseError):
-        status = exc.status
     return status if isinstance(status, int) else None
 
 
@@ -223,7 +214,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def translate_error(exc: BaseException, op: str, what: str) -> StorageError:
-    """Map any exception from the SDK / aiohttp / asyncio to a blobmount StorageError.
+    """Map any exception from the network, the SDK or a credential to a blobmount StorageError.
 
     `op` says what we were doing ("GET range 0-2097151 of"), `what` names the blob or prefix
     ("acct/container/name"). The message is built here and never includes the SDK's text.
@@ -289,7 +280,7 @@ class HttpStatusError(Exception):
         self.error_code = headers.get("x-ms-error-code")
 
 
-def _expected_body(resp: aiohttp.ClientResponse, start: int) -> tuple[int, int]:
+def _expected_body(resp: Answer, start: int) -> tuple[int, int]:
     """(offset of the body within the blob, its length) from a 206's Content-Range, or a 200's
     Content-Length (a server that ignored the range sends the whole blob)."""
     if resp.status == 200:
@@ -305,31 +296,14 @@ def _expected_body(resp: aiohttp.ClientResponse, start: int) -> tuple[int, int]:
     return body_start, body_end - body_start + 1
 
 
-class LoggedResponse(aiohttp.ClientResponse):
-    """aiohttp's response, which logs its request (if it carries a `SentRequest`) when it is
-    released: every caller in this module releases each answer once, after reading its body."""
-
-    #: set by `_send` on a success answer when request lines are logged; None otherwise
-    sent: SentRequest | None = None
-
-    def release(self) -> Any:
-        done = super().release()
-        sent = self.sent
-        if sent is not None:
-            self.sent = None  # logged once, however often the answer is released
-            total = getattr(self.content, "total_bytes", None)
-            body_bytes = total if isinstance(total, int) else None
-            sent.answered(self.status, self.headers.get("x-ms-request-id"), body_bytes)
-        return done
-
-
 class AzureStorageClient(StorageClient):
     """A read-only view of one Azure Blob container.
 
     `credential` is one of: None (anonymous), AzureNamedKeyCredential or a key dict,
     AzureSasCredential or a SAS string, a TokenCredential (azure.identity, sync or aio); see
-    rest_auth. The HTTP session is created lazily on the bridge's loop by the first call.
-    Without a `bridge` the client starts (and on aclose stops) a private one.
+    rest_auth. Connections are made by the first call. A token credential's tokens are fetched
+    on `bridge` (without one, the client starts a private bridge at the first token and stops
+    it on aclose); other credentials never use it.
     """
 
     def __init__(
@@ -353,124 +327,150 @@ class AzureStorageClient(StorageClient):
         self._account = account or account_name_from_url(self._account_url)
         self.location = f"{self._account}/{container}"
         self._auth: RequestAuth = request_auth(credential, self._account, container)
-        self._container_url = f"{self._account_url}/{quote(container, safe='')}"
+        parts = urlsplit(self._account_url)
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        #: the container's path on the endpoint ("/acct/cont" path style, "/cont" on Azure)
+        self._container_path = f"{parts.path}/{quote(container, safe='')}"
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
-        self._user_agent = f"{user_agent} aiohttp/{aiohttp.__version__}"
-        self._own_bridge = bridge is None
-        self._bridge = bridge if bridge is not None else AsyncioBridge().start()
-        # created and used on the loop thread only
-        self._http: aiohttp.ClientSession | None = None
+        self._headers = {
+            "x-ms-version": API_VERSION,
+            "User-Agent": f"{user_agent} python/{platform.python_version()}",
+        }
+        self._bridge = bridge
+        self._own_bridge = False
+        #: made by the first call (its proxy settings are read then: a bad one fails a call)
+        self._http: Http1Client | None = None
         self._closed = False
 
     def __repr__(self) -> str:
         return f"AzureStorageClient({self._account_url!r}, {self._container_name!r})"
 
-    # -- loop-thread side ----------------------------------------------------------------
+    # -- requests ------------------------------------------------------------------------
 
-    def _session(self) -> aiohttp.ClientSession:
-        """The HTTP session; call on the loop thread only."""
+    def _client(self) -> Http1Client:
         if self._http is None:
-            if self._closed:
-                raise BridgeClosedError("client closed")
-            self._http = aiohttp.ClientSession(
-                # our own pool size: aiohttp's default (100 total) is not the setting's
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
-                # honour HTTPS_PROXY/NO_PROXY, but only when one is set: with trust_env, aiohttp
-                # re-reads ~/.netrc and the proxy variables in a thread on every request
-                trust_env=_proxy_configured(),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                response_class=LoggedResponse,  # logs its request when released (debug only)
-                auto_decompress=False,
-                read_bufsize=_READ_BUFFER_BYTES,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    sock_connect=self._connect_timeout_s,
-                    sock_read=self._read_timeout_s,
-                ),
-                headers={"x-ms-version": API_VERSION, "User-Agent": self._user_agent},
+            self._http = Http1Client(
+                self._origin,
+                connect_timeout_s=self._connect_timeout_s,
+                read_timeout_s=self._read_timeout_s,
+                max_connections=self._max_connections,
+                env=os.environ,
             )
         return self._http
 
-    async def _send(self, method: str, url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """Send one request; a success answer is returned unread (the caller releases it), any
-        other raises HttpStatusError. `url` is already percent-encoded."""
-        client_request_id = _REQUEST_ID.get() or str(uuid.uuid4())
-        headers["x-ms-client-request-id"] = client_request_id
-        query = await self._auth.authorize(headers)
-        # the request's debug line (DEBUG only): described before a SAS joins the URL, and timed
-        # from here, after any token fetch
+    def _loop(self) -> AsyncioBridge:
+        """The asyncio loop a token credential runs on, started when first needed."""
+        if self._bridge is None:
+            self._bridge = AsyncioBridge("blobmount-token").start()
+            self._own_bridge = True
+        return self._bridge
+
+    async def _authorize(self, headers: dict[str, str]) -> str:
+        auth = self._auth
+        if isinstance(auth, BearerAuth):
+            if auth.apply_cached(headers):
+                return ""
+            bridge = self._loop()
+            return await bridge.run(lambda: auth.authorize(headers))
+        return await auth.authorize(headers)  # awaits nothing: no event loop of its own
+
+    async def _send(
+        self, method: str, target: str, headers: dict[str, str], request_id: str
+    ) -> Answer:
+        """Send one request; a success answer is returned with its body unread (the caller
+        reads or releases it), any other raises HttpStatusError. `target` is the path and
+        query, already percent-encoded."""
+        headers = self._headers | headers
+        headers["x-ms-client-request-id"] = request_id
+        query = await self._authorize(headers)
+        # the request's debug line (DEBUG only): described before a SAS joins the target, and
+        # timed from here, after any token fetch
         sent = (
             SentRequest.start(
                 method,
-                describe_url(url, self._account_url, self._account),
+                describe_url(self._origin + target, self._account_url, self._account),
                 headers,
-                client_request_id,
+                request_id,
             )
             if request_log_enabled()
             else None
         )
         if query:
-            url = f"{url}{'&' if '?' in url else '?'}{query}"
+            target = f"{target}{'&' if '?' in target else '?'}{query}"
         try:
-            resp = await self._session().request(
-                method, yarl.URL(url, encoded=True), headers=headers, allow_redirects=False
-            )
+            resp = await self._client().request(method, target, headers)
         except BaseException as exc:
             if sent is not None:
                 sent.failed(exc)
             raise
+        if sent is not None:
+            resp.on_done = lambda done: sent.answered(
+                done.status, done.headers.get("x-ms-request-id"), done.body_bytes
+            )
         if resp.status not in (200, 206):
-            status, reply_headers = resp.status, resp.headers
-            resp.release()
-            if sent is not None:
-                sent.answered(status, reply_headers.get("x-ms-request-id"), None)
-            raise HttpStatusError(status, reply_headers)
-        if sent is not None and isinstance(resp, LoggedResponse):
-            resp.sent = sent  # logged when the caller releases it, after the body
+            await self._drop_error_body(resp)
+            raise HttpStatusError(resp.status, resp.headers)
         return resp
 
-    def _blob_url(self, name: str) -> str:
-        return f"{self._container_url}/{quote(name, safe=_PATH_SAFE)}"
+    async def _drop_error_body(self, resp: Answer) -> None:
+        """Read a small error answer's body (its XML reason is in x-ms-error-code anyway), so
+        its connection serves the next request; a large or slow one closes it."""
+        declared = resp.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) <= _ERROR_BODY_BYTES:
+            with trio.move_on_after(self._read_timeout_s):
+                try:
+                    await resp.read_into(_discard)
+                except OSError:
+                    pass
+        resp.release()
+
+    def _blob_target(self, name: str) -> str:
+        return f"{self._container_path}/{quote(name, safe=_PATH_SAFE)}"
 
     async def _list(
-        self, prefix: str, delimiter: str | None, continuation: str | None, max_results: int
+        self,
+        prefix: str,
+        delimiter: str | None,
+        continuation: str | None,
+        max_results: int,
+        request_id: str,
     ) -> ListPage:
         query = f"restype=container&comp=list&include=metadata&maxresults={max_results}"
         for key, value in (("prefix", prefix), ("delimiter", delimiter), ("marker", continuation)):
             if value:
                 query += f"&{key}={quote(value, safe='')}"
-        resp = await self._send("GET", f"{self._container_url}?{query}", {})
+        resp = await self._send("GET", f"{self._container_path}?{query}", {}, request_id)
         try:
             body = await resp.read()
         finally:
             resp.release()
         return parse_list_page(body)
 
-    async def _get_properties(self, name: str) -> BlobProps:
-        resp = await self._send("HEAD", self._blob_url(name), {})
+    async def _get_properties(self, name: str, request_id: str) -> BlobProps:
+        resp = await self._send("HEAD", self._blob_target(name), {}, request_id)
         resp.release()
         return props_from_headers(name, resp.headers)
 
     async def _get_range(
-        self, name: str, etag: str, start: int, lengths: Sequence[int]
+        self, name: str, etag: str, start: int, lengths: Sequence[int], request_id: str
     ) -> list[bytes]:
-        """(loop thread) One ranged GET of `sum(lengths)` bytes, cut into parts as it arrives
-        (`body_parts`: each byte copied once)."""
-        resp = await self._ranged_get(name, etag, start, sum(lengths))
+        """One ranged GET of `sum(lengths)` bytes, cut into parts as it arrives (`body_parts`:
+        each byte copied once)."""
+        resp = await self._ranged_get(name, etag, start, sum(lengths), request_id)
         if isinstance(resp, BlobProps):
             return []
         return await self._read_parts(resp, name, start, lengths)
 
     async def _get_range_with_props(
-        self, name: str, etag: str, start: int, length: int
+        self, name: str, etag: str, start: int, length: int, request_id: str
     ) -> RangeWithProps:
-        """(loop thread) One ranged GET, and the blob's properties from its answer's headers
+        """One ranged GET, and the blob's properties from its answer's headers
         (`rest_parse.props_from_get`); length 0: the properties alone (HEAD)."""
         if length <= 0:
-            return RangeWithProps(b"", await self._unchanged(name, etag))
-        resp = await self._ranged_get(name, etag, start, length)
+            return RangeWithProps(b"", await self._unchanged(name, etag, request_id))
+        resp = await self._ranged_get(name, etag, start, length, request_id)
         if isinstance(resp, BlobProps):
             return RangeWithProps(b"", resp)
         try:
@@ -482,35 +482,34 @@ class AzureStorageClient(StorageClient):
         return RangeWithProps(parts[0] if parts else b"", props)
 
     async def _ranged_get(
-        self, name: str, etag: str, start: int, length: int
-    ) -> aiohttp.ClientResponse | BlobProps:
-        """(loop thread) Send a GET of `length` (> 0) bytes from `start` pinned to `etag`; the
-        answer unread, or the blob's properties when the range starts at or after its end."""
+        self, name: str, etag: str, start: int, length: int, request_id: str
+    ) -> Answer | BlobProps:
+        """Send a GET of `length` (> 0) bytes from `start` pinned to `etag`; the answer with its
+        body unread, or the blob's properties when the range starts at or after its end."""
         headers = {
             "x-ms-range": f"bytes={start}-{start + length - 1}",
             "If-Match": quoted_etag(etag),
         }
         try:
-            return await self._send("GET", self._blob_url(name), headers)
+            return await self._send("GET", self._blob_target(name), headers, request_id)
         except HttpStatusError as exc:
             if exc.status_code == 416:
                 # Azure answers 416 when the range starts at/after the end (or the blob is empty)
-                return await self._past_end(name, etag, start, exc)
+                return await self._past_end(name, etag, start, exc, request_id)
             if exc.status_code == 412:
                 # a deleted blob also fails If-Match: tell "gone" from "changed"
-                await self._get_properties(name)  # raises 404 if gone
+                await self._get_properties(name, request_id)  # raises 404 if gone
             raise
 
     async def _read_parts(
-        self, resp: aiohttp.ClientResponse, name: str, start: int, lengths: Sequence[int]
+        self, resp: Answer, name: str, start: int, lengths: Sequence[int]
     ) -> list[bytes]:
-        """(loop thread) The body of a ranged GET from `start`, cut into `lengths` as it arrives;
-        releases `resp`. A body shorter than its headers said is StorageUnavailable."""
+        """The body of a ranged GET from `start`, cut into `lengths` as it arrives; releases
+        `resp`. A body shorter than its headers said is StorageUnavailable."""
         try:
             body_start, expected = _expected_body(resp, start)
             cutter = PartCutter(start - body_start, lengths)
-            async for chunk in resp.content.iter_any():
-                cutter.feed(chunk)
+            await resp.read_into(cutter.feed)
         finally:
             resp.release()
         if cutter.body_bytes != expected:
@@ -520,9 +519,9 @@ class AzureStorageClient(StorageClient):
             )
         return cutter.finish()
 
-    async def _unchanged(self, name: str, etag: str) -> BlobProps:
-        """(loop thread) The blob's properties; raises unless it is still there with `etag`."""
-        props = await self._get_properties(name)
+    async def _unchanged(self, name: str, etag: str, request_id: str) -> BlobProps:
+        """The blob's properties; raises unless it is still there with `etag`."""
+        props = await self._get_properties(name, request_id)
         if props.etag != quoted_etag(etag):
             # `from None`: also when called while handling an error whose text may quote a URL
             raise BlobChanged(
@@ -530,32 +529,17 @@ class AzureStorageClient(StorageClient):
             ) from None
         return props
 
-    async def _past_end(self, name: str, etag: str, start: int, exc: HttpStatusError) -> BlobProps:
+    async def _past_end(
+        self, name: str, etag: str, start: int, exc: HttpStatusError, request_id: str
+    ) -> BlobProps:
         """The blob's properties if a 416 meant "nothing there" (the range starts at or after
         the end); raises `exc` otherwise."""
-        props = await self._unchanged(name, etag)
+        props = await self._unchanged(name, etag, request_id)
         if start < props.size:
             raise exc  # 416 for a range inside the blob: not something we asked for
         return props
 
-    @staticmethod
-    async def _tagged(request_id: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """(loop thread) Run `fn` with `request_id` as the client request id of what it sends
-        (each bridge call is an asyncio task of its own, so the id stays with this call)."""
-        _REQUEST_ID.set(request_id)
-        return await fn()
-
-    async def _aclose(self) -> None:
-        http, self._http = self._http, None
-        try:
-            if http is not None:
-                await http.close()
-        finally:
-            close = getattr(self._credential, "close", None)
-            if close is not None and inspect.iscoroutinefunction(close):
-                await close()
-
-    # -- trio side -----------------------------------------------------------------------
+    # -- calls ---------------------------------------------------------------------------
 
     def _where(self, name: str) -> str:
         return f"{self.location}/{name}"
@@ -565,7 +549,7 @@ class AzureStorageClient(StorageClient):
         more read timeout of slack, and the body at MIN_BODY_BYTES_PER_S.
 
         A call on a healthy connection never gets near it; it stops a body that trickles
-        forever, and the SDK's own re-requests of a broken body (see the module docstring).
+        forever.
         """
         return (
             self._connect_timeout_s + 2 * self._read_timeout_s + body_bytes / MIN_BODY_BYTES_PER_S
@@ -575,26 +559,26 @@ class AzureStorageClient(StorageClient):
         self,
         op: Callable[[], str],
         name: str,
-        fn: Callable[[], Awaitable[T]],
+        fn: Callable[[str], Awaitable[T]],
         *,
         body_bytes: int = 0,
     ) -> T:
         # `op()` says what the call does ("get properties of"), for an error's message only:
-        # most calls never build it
+        # most calls never build it. `fn` gets the call's client request id.
         if self._closed:
             raise StorageError(f"{op()} {self._where(name)} failed: the storage client is closed")
         deadline_s = self.call_deadline_s(body_bytes)
         request_id = str(uuid.uuid4())
         try:
-            # cancelling the bridge call cancels the SDK coroutine and its connection
+            # a cancelled request closes its connection (http1)
             with trio.move_on_after(deadline_s):
-                return await self._bridge.run(lambda: self._tagged(request_id, fn))
+                return await fn(request_id)
         except Exception as exc:
             err = translate_error(exc, op(), self._where(name))
             add_request_id(err, request_id)
             if err is exc:
                 raise
-            # `from None`: the SDK's exception text may quote a URL with a SAS in it
+            # `from None`: a library's exception text may quote a URL with a SAS in it
             log.debug("%s (%s)", err, type(exc).__name__)
             raise err from None
         timed_out = TimedOut(
@@ -614,20 +598,26 @@ class AzureStorageClient(StorageClient):
         return await self._call(
             lambda: "list",
             prefix,
-            lambda: self._list(prefix, delimiter, continuation, max_results),
+            lambda request_id: self._list(prefix, delimiter, continuation, max_results, request_id),
             body_bytes=_LIST_PAGE_BYTES,
         )
 
     async def get_properties(self, name: str) -> BlobProps:
         return await self._call(
-            lambda: "get properties of", name, lambda: self._get_properties(name)
+            lambda: "get properties of",
+            name,
+            lambda request_id: self._get_properties(name, request_id),
         )
 
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
         if length <= 0:
             # nothing to fetch, but keep the contract: a gone or changed blob still fails (in
             # one call, so that its failure names the request id like every other)
-            await self._call(lambda: "get properties of", name, lambda: self._unchanged(name, etag))
+            await self._call(
+                lambda: "get properties of",
+                name,
+                lambda request_id: self._unchanged(name, etag, request_id),
+            )
             return b""
         parts = await self.get_range_parts(name, etag, start, (length,))
         return parts[0] if parts else b""
@@ -641,7 +631,7 @@ class AzureStorageClient(StorageClient):
         return await self._call(
             lambda: _get_op(start, length),
             name,
-            lambda: self._get_range(name, etag, start, lengths),
+            lambda request_id: self._get_range(name, etag, start, lengths, request_id),
             body_bytes=length,
         )
 
@@ -651,7 +641,7 @@ class AzureStorageClient(StorageClient):
         return await self._call(
             lambda: _get_op(start, length),
             name,
-            lambda: self._get_range_with_props(name, etag, start, length),
+            lambda request_id: self._get_range_with_props(name, etag, start, length, request_id),
             body_bytes=max(0, length),
         )
 
@@ -659,17 +649,35 @@ class AzureStorageClient(StorageClient):
         if self._closed:
             return
         self._closed = True
+        http, self._http = self._http, None
         try:
-            await self._bridge.run(self._aclose)
-        except BridgeClosedError:
-            pass  # the loop is gone and took the session with it
+            if http is not None:
+                await http.aclose()
+            await self._close_credential()
         except Exception as exc:
             log.warning("closing %s: %s", self.location, type(exc).__name__)
         finally:
-            if self._own_bridge:
+            if self._own_bridge and self._bridge is not None:
                 self._bridge.close()
+
+    async def _close_credential(self) -> None:
+        """Close a token credential that holds connections of its own (azure-identity's)."""
+        close = getattr(self._credential, "close", None)
+        if close is None:
+            return
+        if not inspect.iscoroutinefunction(close):
+            close()
+        elif self._bridge is not None:  # an async credential never used opened nothing
+            try:
+                await self._bridge.run(close)
+            except BridgeClosedError:
+                pass  # the loop is gone and took the credential's session with it
 
     # kept for callers that want to share the bridge's loop (tests, benchmarks)
     @property
-    def bridge(self) -> AsyncioBridge:
+    def bridge(self) -> AsyncioBridge | None:
         return self._bridge
+
+
+def _discard(_piece: bytes) -> None:
+    pass

@@ -10,10 +10,10 @@ account in front; the query string is never logged, because a SAS travels in it.
 shows its prefix as a path and the word ``list``. A request that got no answer shows
 ``status=-`` and the exception's class name.
 
-The client (storage/azure.py, the one module that speaks aiohttp) times a request from sending
-it until its answer is released, so `ms` includes reading the body. Nothing here runs unless
-DEBUG is on for this module's logger: the client asks `enabled()` once per request and, if not,
-keeps no record at all.
+The client (storage/azure.py, over storage/http1.py) times a request from sending it until its
+answer is done with, so `ms` includes reading the body. Nothing here runs unless DEBUG is on for
+this module's logger: the client asks `enabled()` once per request and, if not, keeps no record
+at all.
 """
 
 from __future__ import annotations

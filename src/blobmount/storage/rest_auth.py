@@ -45,7 +45,9 @@ _TOKEN_RENEW_S = 300.0
 
 
 class RequestAuth(Protocol):
-    """Per-request authorization. Called on the asyncio loop that sends the request."""
+    """Per-request authorization. Called by the task that sends the request, on trio; a
+    `BearerAuth` that must fetch a token is called on the credential's asyncio loop instead
+    (the storage client's bridge)."""
 
     #: a short label for messages ("SAS", "account key", ...), never a secret
     label: str
@@ -130,6 +132,14 @@ class BearerAuth:
             got = await got
         self._token = got.token
         self._expires_on = float(got.expires_on)
+
+    def apply_cached(self, headers: dict[str, str]) -> bool:
+        """Set the Authorization header from the cached token if it is good for a while yet;
+        False when `authorize` must fetch one (on the credential's event loop)."""
+        if time.time() >= self._expires_on - _TOKEN_RENEW_S:
+            return False
+        headers["Authorization"] = f"Bearer {self._token}"
+        return True
 
     async def authorize(self, headers: dict[str, str]) -> str:
         if time.time() >= self._expires_on - _TOKEN_RENEW_S:

@@ -68,7 +68,7 @@ def _is_marker(size: int, flag: str | None) -> bool:
 def props_from_headers(name: str, headers: Mapping[str, str]) -> BlobProps:
     """BlobProps from the headers of a Get Blob Properties (HEAD) answer.
 
-    `headers` must look names up case-insensitively (aiohttp's CIMultiDict does)."""
+    `headers` must look names up case-insensitively (multidict's CIMultiDict does)."""
     size = int(headers.get("Content-Length") or 0)
     flag = None
     if size == 0:
