@@ -193,8 +193,8 @@ async def test_lru_pruning_spares_open_files(tmp_path):
         c_copy = await c.open(version(mem, "c"))  # needs room: b goes, not the open a
         assert c_copy is not None
         names = {p.name for p in entries(tmp_path)}
-        assert c.path(version(mem, "a")).name in names
-        assert c.path(version(mem, "b")).name not in names
+        assert Path(c.path(version(mem, "a"))).name in names
+        assert Path(c.path(version(mem, "b"))).name not in names
         assert await read_all(c, a) == mem._data["a"]
         assert await read_all(c, c_copy) == mem._data["c"]
         # everything open: a third file cannot fit, and nothing open was removed
@@ -305,9 +305,9 @@ async def test_a_new_version_replaces_the_old_copy(tmp_path):
             # both entries are written in the background (the old one maybe before the new
             # version was seen, then removed)
             await cache.writer.settled()
-            while cache.path(old).exists():
+            while Path(cache.path(old)).exists():
                 await trio.sleep(0.01)
-        assert [p.name for p in entries(tmp_path)] == [cache.path(new).name]
+        assert [p.name for p in entries(tmp_path)] == [Path(cache.path(new)).name]
 
 
 # -- the filesystem on top -----------------------------------------------------------------
@@ -461,13 +461,14 @@ async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
         disk_free.set()
         with trio.fail_after(5):
             await cache.writer.settled()
-        assert [p.name for p in entries(tmp_path)] == [cache.path(version(mem, "now.bin")).name]
+        entry = Path(cache.path(version(mem, "now.bin")))
+        assert [p.name for p in entries(tmp_path)] == [entry.name]
         Busy.other_may_finish.set()
         with trio.fail_after(5):
             while cache._downloads:
                 await trio.sleep(0.001)
             await cache.writer.settled()
-        assert cache.path(version(mem, "now.bin")).read_bytes() == data
+        assert entry.read_bytes() == data
         assert bytes(await reader.read(29_990, 100)) == data[29_990:]
         reader.close()
         assert cache.statistics().open_copies == 0
@@ -582,7 +583,7 @@ async def test_a_failed_write_leaves_no_entry_and_the_open_still_reads(tmp_path,
         with trio.fail_after(5):
             await cache.writer.settled()
         assert not copy.writing
-        assert renames == [os.fspath(cache.path(version(mem, "w.bin")))]
+        assert renames == [cache.path(version(mem, "w.bin"))]
         assert entries(tmp_path) == []
         assert temporaries(tmp_path) == []
         # the handle keeps reading the checked bytes it has
@@ -679,7 +680,7 @@ async def test_a_cold_open_does_not_look_on_disk_for_what_was_never_cached(tmp_p
         copy = await cache.open(version(mem, "new.bin"))
         assert await read_all(cache, copy) == mem._data["new.bin"]
         # kept.bin found on disk (no GET); new.bin fetched without looking, then found there
-        kept, new = (cache.path(version(mem, n)).name for n in ("kept.bin", "new.bin"))
+        kept, new = (Path(cache.path(version(mem, n))).name for n in ("kept.bin", "new.bin"))
         assert looked == [kept, new]
         assert requests(storage)[2] == before[2] + 1
 
