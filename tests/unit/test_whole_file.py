@@ -549,6 +549,98 @@ async def test_a_failed_get_of_a_small_file_fails_the_open_and_leaves_nothing(tm
         assert requests(storage) == (0, 0, 2)
 
 
+class FirstGetStalls(CountingStorageClient):
+    """Counts GETs; the first one hangs until it is cancelled (a GET stuck in flight)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.first_in_flight = trio.Event()
+        self.first_cancelled = False
+        self._first = True
+
+    async def get_range_with_props(self, name, etag, start, length):
+        if self._first:
+            self._first = False
+            self.range_requests += 1
+            self.first_in_flight.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.first_cancelled = True
+        return await super().get_range_with_props(name, etag, start, length)
+
+
+async def test_an_interrupted_open_of_a_small_file_stops_its_get_and_the_others_get_the_file(
+    tmp_path,
+):
+    # a small file's GET runs in the task of the open that started it: interrupting that open
+    # (a FUSE request interrupted) stops it, and one of the opens that had joined it starts
+    # another GET, for them all
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("hot.jpg", 0, 20_000)
+    mem.put("hot.jpg", data)
+    storage = FirstGetStalls(mem)
+    got: list[bytes] = []
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def joiner() -> None:
+            copy = await cache.open(version(mem, "hot.jpg"))
+            got.append(await read_all(cache, copy))
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                interrupted = trio.CancelScope()
+
+                async def starter() -> None:
+                    with interrupted:
+                        await cache.open(version(mem, "hot.jpg"))
+                    assert interrupted.cancelled_caught
+
+                nursery.start_soon(starter)
+                await storage.first_in_flight.wait()
+                for _ in range(3):
+                    nursery.start_soon(joiner)
+                await trio.testing.wait_all_tasks_blocked()  # they have joined it
+                assert cache.statistics().shared_opens == 3
+                interrupted.cancel()
+            await cache.writer.settled()
+        assert storage.first_cancelled
+        assert got == [data] * 3
+        assert requests(storage) == (0, 0, 2)
+        stats = cache.statistics()
+        assert (stats.downloads, stats.failed_downloads, stats.open_copies) == (1, 0, 0)
+        assert stats.space.reserved_bytes == 0
+        assert cache._slots.borrowed_tokens == 0
+    assert len(entries(tmp_path)) == 1
+    assert temporaries(tmp_path) == []
+
+
+async def test_a_small_file_every_open_gave_up_on_leaves_nothing_behind(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("gave-up.jpg", pattern_bytes("gave-up.jpg", 0, 20_000))
+    storage = FirstGetStalls(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(cache.open, version(mem, "gave-up.jpg"))
+                await storage.first_in_flight.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the others have joined it
+                nursery.cancel_scope.cancel()  # every open gives up
+            await trio.testing.wait_all_tasks_blocked()
+        assert storage.first_cancelled
+        assert (cache._downloads, cache._open, cache._pinned) == ({}, {}, set())
+        stats = cache.statistics()
+        assert (stats.downloads, stats.failed_downloads) == (0, 0)
+        assert stats.space.reserved_bytes == 0
+        assert cache._slots.borrowed_tokens == 0
+        assert temporaries(tmp_path) == []
+    assert entries(tmp_path) == []
+    assert requests(storage) == (0, 0, 1)
+
+
 async def test_a_blob_changed_since_the_listing_fails_the_open(tmp_path):
     mem = InMemoryStorageClient()
     mem.put("moved.bin", b"old" * 100)

@@ -10,12 +10,12 @@ An open that downloads costs one storage request per part and nothing else (`who
 the first GET's answer, pinned to the version, also gives the blob's size and Content-MD5. Three
 sizes, three paths:
 
-- up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, checked, and the opens waiting
-  for it are answered at once from those bytes; only then is the entry written and renamed, by
-  the writer's own thread (`writer`), off the FUSE loop's thread. The transfer slot is held
-  until the write lands, so bytes waiting for the disk stay within
-  `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is short), so a file
-  read once is cached.
+- up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, in the task of the open that
+  starts it, checked, and the opens waiting for it are answered at once from those bytes; only
+  then is the entry written and renamed, by the writer's own thread (`writer`), off the FUSE
+  loop's thread. The transfer slot is held until the write lands, so bytes waiting for the disk
+  stay within `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is
+  short), so a file read once is cached.
 - up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
 - bigger: parts fetched concurrently into a temporary file, renamed once whole and checked
   (`fetch.fetch_parts`).
@@ -25,9 +25,13 @@ on the trio thread while the disk answers fast. A cold open does not look on dis
 the entry is certainly not there (`presence`).
 
 Sharing: opens of the same version share one `LocalCopy` while any of them is open or its entry
-is being written, and wait on one download while it runs. The download runs in the cache's own
-nursery, so an open that is interrupted does not abort it for the others; when the last waiting
-open gives up, it is cancelled (and its temporary removed).
+is being written, and wait on one download while it runs. A small version's download (into
+memory) runs in the task of the open that starts it, so a cold open of a small file starts no
+task of its own; if that open is interrupted, its GET stops, and one of the opens that joined
+it starts another, for them all. A bigger version's download runs in the cache's own nursery,
+so an open that is interrupted does not abort it for the others; when the last waiting open
+gives up, it is cancelled (and its temporary removed). Either way, an abandoned download leaves
+nothing behind: no entry, no temporary, its room and its transfer slot given back.
 
 Several processes (DATASET_MOUNT_WORKER_PROCESSES): each process has its own cache object over
 the one folder; a version is still downloaded once for the mount, and an entry one process
@@ -147,19 +151,30 @@ class LocalCopy:
 
 
 class _Download:
-    """A download in progress, and the opens waiting for it."""
+    """A download in progress, and the opens waiting for it (`waiters`, each owed one use of
+    its copy). A small version's runs in the task of the open that started it, counted among
+    the waiters; a bigger one's runs in the cache's nursery under `scope`, cancelled when the
+    last waiter gives up."""
 
     __slots__ = ("claimed", "copy", "done", "error", "fits", "scope", "waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, scope: trio.CancelScope | None) -> None:
         self.done = trio.Event()
-        self.scope = trio.CancelScope()
+        self.scope = scope
         self.copy: LocalCopy | None = None
         self.error: Exception | None = None
         self.fits = True
         self.waiters = 0
         #: this process holds the version's claim (several processes: `siblings`)
         self.claimed = False
+
+
+def _outcome(download: _Download) -> LocalCopy | None:
+    """What an open waiting on a finished download gets: its copy, or None if the file does
+    not fit or the download was abandoned; its failure is raised."""
+    if download.error is not None:
+        raise download.error
+    return download.copy
 
 
 class _DoesNotFit(Exception):
@@ -284,13 +299,16 @@ class WholeFileCache:
                     return copy
                 if path in self._open or path in self._downloads:
                     continue  # another open got there while we looked
+                if version.size <= self._memory_max:
+                    return await self._download_here(version, path)
                 download = self._start_download(version, path)
             else:
                 self._shared_opens += 1
             copy = await self._wait(download)
             if copy is not None or not download.fits:
                 return copy
-            # the download was abandoned by everyone else just before we came: start again
+            # the download was abandoned by everyone else just before we came, or the open
+            # running it was interrupted: start again
 
     def release(self, copy: LocalCopy) -> None:
         """One handle on `copy` closed; the last one closes its fd (the entry may be pruned),
@@ -317,13 +335,12 @@ class WholeFileCache:
             await download.done.wait()
         finally:
             download.waiters -= 1
-            if download.waiters == 0 and not download.done.is_set():
-                download.scope.cancel()  # nobody wants it any more
+            scope = download.scope
+            if download.waiters == 0 and scope is not None and not download.done.is_set():
+                scope.cancel()  # nobody wants it any more
         # No checkpoint from here to the caller's handle: a waiter woken by `done` always
         # takes the use the download counted for it.
-        if download.error is not None:
-            raise download.error
-        return download.copy
+        return _outcome(download)
 
     def _unpin_if_idle(self, path: str) -> None:
         if path not in self._open and path not in self._downloads:
@@ -442,22 +459,48 @@ class WholeFileCache:
 
     # -- downloading ---------------------------------------------------------------------------
 
-    def _start_download(self, version: BlobVersion, path: str) -> _Download:
-        download = self._downloads[path] = _Download()
+    def _new_download(self, path: str, scope: trio.CancelScope | None) -> _Download:
+        download = self._downloads[path] = _Download(scope)
         self._pinned.add(path)
-        self._nursery.start_soon(self._run_download, version, path, download)
         return download
 
-    async def _run_download(self, version: BlobVersion, path: str, download: _Download) -> None:
+    async def _download_here(self, version: BlobVersion, path: str) -> LocalCopy | None:
+        """Download a small version in this open's task, the opens that come meanwhile joining
+        it (`_wait`): its copy (one use of it is ours), or None if it does not fit. Re-raises
+        its failure. Interrupted, it stops; the opens that joined it start again (`open`)."""
+        download = self._new_download(path, None)
+        download.waiters = 1  # this open: the copy counts its use as it does the joiners'
         try:
-            with download.scope:
-                if self._siblings is not None:
-                    # another process of the mount may be downloading it: its copy, if so
-                    download.copy = await self._claim_or_wait(version, path, download)
-                if download.copy is None:
-                    download.copy = await self._download(version, path, download)
-                    self._downloads_done += 1
-                    self._downloaded_bytes += version.size
+            await self._run_download(version, path, download)
+        finally:
+            download.waiters -= 1
+        # no checkpoint from `_run_download`'s end to the caller's handle: the use is ours
+        return _outcome(download)
+
+    def _start_download(self, version: BlobVersion, path: str) -> _Download:
+        """Download a bigger version in the cache's nursery, for the opens that `_wait`."""
+        scope = trio.CancelScope()
+        download = self._new_download(path, scope)
+        self._nursery.start_soon(self._run_download_in, scope, version, path, download)
+        return download
+
+    async def _run_download_in(
+        self, scope: trio.CancelScope, version: BlobVersion, path: str, download: _Download
+    ) -> None:
+        with scope:
+            await self._run_download(version, path, download)
+
+    async def _run_download(self, version: BlobVersion, path: str, download: _Download) -> None:
+        """Run `download` to its end, its outcome recorded for the opens waiting on it; however
+        it ends (cancelled too), it is unregistered, its claim ended, and `done` set."""
+        try:
+            if self._siblings is not None:
+                # another process of the mount may be downloading it: its copy, if so
+                download.copy = await self._claim_or_wait(version, path, download)
+            if download.copy is None:
+                download.copy = await self._download(version, path, download)
+                self._downloads_done += 1
+                self._downloaded_bytes += version.size
         except _DoesNotFit:
             download.fits = False
         except OSError as exc:
