@@ -193,8 +193,8 @@ async def test_lru_pruning_spares_open_files(tmp_path):
         c_copy = await c.open(version(mem, "c"))  # needs room: b goes, not the open a
         assert c_copy is not None
         names = {p.name for p in entries(tmp_path)}
-        assert c.path(version(mem, "a")).name in names
-        assert c.path(version(mem, "b")).name not in names
+        assert Path(c.path(version(mem, "a"))).name in names
+        assert Path(c.path(version(mem, "b"))).name not in names
         assert await read_all(c, a) == mem._data["a"]
         assert await read_all(c, c_copy) == mem._data["c"]
         # everything open: a third file cannot fit, and nothing open was removed
@@ -305,9 +305,9 @@ async def test_a_new_version_replaces_the_old_copy(tmp_path):
             # both entries are written in the background (the old one maybe before the new
             # version was seen, then removed)
             await cache.writer.settled()
-            while cache.path(old).exists():
+            while Path(cache.path(old)).exists():
                 await trio.sleep(0.01)
-        assert [p.name for p in entries(tmp_path)] == [cache.path(new).name]
+        assert [p.name for p in entries(tmp_path)] == [Path(cache.path(new)).name]
 
 
 # -- the filesystem on top -----------------------------------------------------------------
@@ -461,13 +461,14 @@ async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
         disk_free.set()
         with trio.fail_after(5):
             await cache.writer.settled()
-        assert [p.name for p in entries(tmp_path)] == [cache.path(version(mem, "now.bin")).name]
+        entry = Path(cache.path(version(mem, "now.bin")))
+        assert [p.name for p in entries(tmp_path)] == [entry.name]
         Busy.other_may_finish.set()
         with trio.fail_after(5):
             while cache._downloads:
                 await trio.sleep(0.001)
             await cache.writer.settled()
-        assert cache.path(version(mem, "now.bin")).read_bytes() == data
+        assert entry.read_bytes() == data
         assert bytes(await reader.read(29_990, 100)) == data[29_990:]
         reader.close()
         assert cache.statistics().open_copies == 0
@@ -548,6 +549,98 @@ async def test_a_failed_get_of_a_small_file_fails_the_open_and_leaves_nothing(tm
         assert requests(storage) == (0, 0, 2)
 
 
+class FirstGetStalls(CountingStorageClient):
+    """Counts GETs; the first one hangs until it is cancelled (a GET stuck in flight)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.first_in_flight = trio.Event()
+        self.first_cancelled = False
+        self._first = True
+
+    async def get_range_with_props(self, name, etag, start, length):
+        if self._first:
+            self._first = False
+            self.range_requests += 1
+            self.first_in_flight.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.first_cancelled = True
+        return await super().get_range_with_props(name, etag, start, length)
+
+
+async def test_an_interrupted_open_of_a_small_file_stops_its_get_and_the_others_get_the_file(
+    tmp_path,
+):
+    # a small file's GET runs in the task of the open that started it: interrupting that open
+    # (a FUSE request interrupted) stops it, and one of the opens that had joined it starts
+    # another GET, for them all
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("hot.jpg", 0, 20_000)
+    mem.put("hot.jpg", data)
+    storage = FirstGetStalls(mem)
+    got: list[bytes] = []
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+
+        async def joiner() -> None:
+            copy = await cache.open(version(mem, "hot.jpg"))
+            got.append(await read_all(cache, copy))
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                interrupted = trio.CancelScope()
+
+                async def starter() -> None:
+                    with interrupted:
+                        await cache.open(version(mem, "hot.jpg"))
+                    assert interrupted.cancelled_caught
+
+                nursery.start_soon(starter)
+                await storage.first_in_flight.wait()
+                for _ in range(3):
+                    nursery.start_soon(joiner)
+                await trio.testing.wait_all_tasks_blocked()  # they have joined it
+                assert cache.statistics().shared_opens == 3
+                interrupted.cancel()
+            await cache.writer.settled()
+        assert storage.first_cancelled
+        assert got == [data] * 3
+        assert requests(storage) == (0, 0, 2)
+        stats = cache.statistics()
+        assert (stats.downloads, stats.failed_downloads, stats.open_copies) == (1, 0, 0)
+        assert stats.space.reserved_bytes == 0
+        assert cache._slots.borrowed_tokens == 0
+    assert len(entries(tmp_path)) == 1
+    assert temporaries(tmp_path) == []
+
+
+async def test_a_small_file_every_open_gave_up_on_leaves_nothing_behind(tmp_path):
+    mem = InMemoryStorageClient()
+    mem.put("gave-up.jpg", pattern_bytes("gave-up.jpg", 0, 20_000))
+    storage = FirstGetStalls(mem)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(cache.open, version(mem, "gave-up.jpg"))
+                await storage.first_in_flight.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the others have joined it
+                nursery.cancel_scope.cancel()  # every open gives up
+            await trio.testing.wait_all_tasks_blocked()
+        assert storage.first_cancelled
+        assert (cache._downloads, cache._open, cache._pinned) == ({}, {}, set())
+        stats = cache.statistics()
+        assert (stats.downloads, stats.failed_downloads) == (0, 0)
+        assert stats.space.reserved_bytes == 0
+        assert cache._slots.borrowed_tokens == 0
+        assert temporaries(tmp_path) == []
+    assert entries(tmp_path) == []
+    assert requests(storage) == (0, 0, 1)
+
+
 async def test_a_blob_changed_since_the_listing_fails_the_open(tmp_path):
     mem = InMemoryStorageClient()
     mem.put("moved.bin", b"old" * 100)
@@ -582,7 +675,7 @@ async def test_a_failed_write_leaves_no_entry_and_the_open_still_reads(tmp_path,
         with trio.fail_after(5):
             await cache.writer.settled()
         assert not copy.writing
-        assert renames == [os.fspath(cache.path(version(mem, "w.bin")))]
+        assert renames == [cache.path(version(mem, "w.bin"))]
         assert entries(tmp_path) == []
         assert temporaries(tmp_path) == []
         # the handle keeps reading the checked bytes it has
@@ -679,7 +772,7 @@ async def test_a_cold_open_does_not_look_on_disk_for_what_was_never_cached(tmp_p
         copy = await cache.open(version(mem, "new.bin"))
         assert await read_all(cache, copy) == mem._data["new.bin"]
         # kept.bin found on disk (no GET); new.bin fetched without looking, then found there
-        kept, new = (cache.path(version(mem, n)).name for n in ("kept.bin", "new.bin"))
+        kept, new = (Path(cache.path(version(mem, n))).name for n in ("kept.bin", "new.bin"))
         assert looked == [kept, new]
         assert requests(storage)[2] == before[2] + 1
 

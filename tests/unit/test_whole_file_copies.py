@@ -154,7 +154,7 @@ async def test_the_claim_of_a_process_that_died_is_taken_over(tmp_path):
     mem, data = store(SMALL)
     storage = CountingStorageClient(mem)
     async with two_caches(tmp_path, storage) as (a, b, siblings):
-        entry = a.path(version(mem, "f.bin")).name
+        entry = Path(a.path(version(mem, "f.bin"))).name
         (tmp_path / "shm" / "whole-files" / entry).write_text("999999999")  # a pid not running
         with trio.fail_after(5):
             opened = await b.open(version(mem, "f.bin"))

@@ -10,12 +10,12 @@ An open that downloads costs one storage request per part and nothing else (`who
 the first GET's answer, pinned to the version, also gives the blob's size and Content-MD5. Three
 sizes, three paths:
 
-- up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, checked, and the opens waiting
-  for it are answered at once from those bytes; only then is the entry written and renamed, by
-  the writer's own thread (`writer`), off the FUSE loop's thread. The transfer slot is held
-  until the write lands, so bytes waiting for the disk stay within
-  `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is short), so a file
-  read once is cached.
+- up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, in the task of the open that
+  starts it, checked, and the opens waiting for it are answered at once from those bytes; only
+  then is the entry written and renamed, by the writer's own thread (`writer`), off the FUSE
+  loop's thread. The transfer slot is held until the write lands, so bytes waiting for the disk
+  stay within `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is
+  short), so a file read once is cached.
 - up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
 - bigger: parts fetched concurrently into a temporary file, renamed once whole and checked
   (`fetch.fetch_parts`).
@@ -25,9 +25,13 @@ on the trio thread while the disk answers fast. A cold open does not look on dis
 the entry is certainly not there (`presence`).
 
 Sharing: opens of the same version share one `LocalCopy` while any of them is open or its entry
-is being written, and wait on one download while it runs. The download runs in the cache's own
-nursery, so an open that is interrupted does not abort it for the others; when the last waiting
-open gives up, it is cancelled (and its temporary removed).
+is being written, and wait on one download while it runs. A small version's download (into
+memory) runs in the task of the open that starts it, so a cold open of a small file starts no
+task of its own; if that open is interrupted, its GET stops, and one of the opens that joined
+it starts another, for them all. A bigger version's download runs in the cache's own nursery,
+so an open that is interrupted does not abort it for the others; when the last waiting open
+gives up, it is cancelled (and its temporary removed). Either way, an abandoned download leaves
+nothing behind: no entry, no temporary, its room and its transfer slot given back.
 
 Several processes (DATASET_MOUNT_WORKER_PROCESSES): each process has its own cache object over
 the one folder; a version is still downloaded once for the mount, and an entry one process
@@ -63,7 +67,7 @@ from cachetools import LRUCache
 
 from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate
 from blobmount.blocks.keys import BlobVersion
-from blobmount.cachedir.layout import CacheLayout, entry_in, temporary_path
+from blobmount.cachedir.layout import CacheLayout, entry_file, temporary_name
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
 from blobmount.cachedir.session import background_tasks, using_cache_dir
 from blobmount.cachedir.shared_budget import SharedBudgetCounters
@@ -136,7 +140,7 @@ class LocalCopy:
 
     __slots__ = ("data", "fd", "path", "size", "users", "writing")
 
-    def __init__(self, path: Path, fd: int, size: int, data: bytes | None = None) -> None:
+    def __init__(self, path: str, fd: int, size: int, data: bytes | None = None) -> None:
         self.path = path
         self.fd = fd
         self.size = size
@@ -147,19 +151,30 @@ class LocalCopy:
 
 
 class _Download:
-    """A download in progress, and the opens waiting for it."""
+    """A download in progress, and the opens waiting for it (`waiters`, each owed one use of
+    its copy). A small version's runs in the task of the open that started it, counted among
+    the waiters; a bigger one's runs in the cache's nursery under `scope`, cancelled when the
+    last waiter gives up."""
 
     __slots__ = ("claimed", "copy", "done", "error", "fits", "scope", "waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, scope: trio.CancelScope | None) -> None:
         self.done = trio.Event()
-        self.scope = trio.CancelScope()
+        self.scope = scope
         self.copy: LocalCopy | None = None
         self.error: Exception | None = None
         self.fits = True
         self.waiters = 0
         #: this process holds the version's claim (several processes: `siblings`)
         self.claimed = False
+
+
+def _outcome(download: _Download) -> LocalCopy | None:
+    """What an open waiting on a finished download gets: its copy, or None if the file does
+    not fit or the download was abandoned; its failure is raised."""
+    if download.error is not None:
+        raise download.error
+    return download.copy
 
 
 class _DoesNotFit(Exception):
@@ -201,8 +216,9 @@ class WholeFileCache:
         self.layout = layout
         self._storage = storage
         self._alloc_unit = alloc_unit
-        #: the location's folder (its name is a hash: computed once, not at every open)
-        self._folder = layout.location_dir(KIND, location)
+        #: the location's folder (its name is a hash: computed once, not at every open), as a
+        #: string: entry paths are built and hashed at every open, and pathlib costs microseconds
+        self._folder = os.fspath(layout.location_dir(KIND, location))
         self._nursery = nursery
         self.pruner = Pruner(
             layout,
@@ -224,13 +240,14 @@ class WholeFileCache:
         self._present = PresenceFilter()
         #: writes the entries of copies fetched into memory (its `run` is the cache's task)
         self.writer = EntryWriter(self._write_landed)
-        self._writes: dict[Path, EntryWrite] = {}
-        self._open: dict[Path, LocalCopy] = {}
-        self._downloads: dict[Path, _Download] = {}
+        # each keyed by the entry's path (`path`)
+        self._writes: dict[str, EntryWrite] = {}
+        self._open: dict[str, LocalCopy] = {}
+        self._downloads: dict[str, _Download] = {}
         #: entries that must not be pruned: open, or being downloaded and not yet open
-        self._pinned: set[Path] = set()
+        self._pinned: set[str] = set()
         #: entries whose Content-MD5 this process has checked (or wrote from checked bytes)
-        self._verified: set[Path] = set()
+        self._verified: set[str] = set()
         self._latest_etag: LRUCache[str, str] = LRUCache(REMEMBERED_VERSIONS)
         self._fallback_logged: set[str] = set()
         self._cached_opens = 0
@@ -245,12 +262,14 @@ class WholeFileCache:
         #: bytes handed to readers (WholeFileReader adds to it)
         self.served_bytes = 0
 
-    def path(self, version: BlobVersion) -> Path:
-        return entry_in(self._folder, (version.name, version.etag))
+    def path(self, version: BlobVersion) -> str:
+        """The path of `version`'s entry: the key of the cache's tables."""
+        return entry_file(self._folder, (version.name, version.etag))
 
     def _in_use(self, path: Path) -> bool:
-        # called by the pruner from a worker thread; set membership is atomic under the GIL
-        return Path(path) in self._pinned
+        # called by the pruner from a worker thread; set membership is atomic under the GIL.
+        # The pruner's paths and ours are both built from the layout's root: the same strings.
+        return os.fspath(path) in self._pinned
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
@@ -280,13 +299,16 @@ class WholeFileCache:
                     return copy
                 if path in self._open or path in self._downloads:
                     continue  # another open got there while we looked
+                if version.size <= self._memory_max:
+                    return await self._download_here(version, path)
                 download = self._start_download(version, path)
             else:
                 self._shared_opens += 1
             copy = await self._wait(download)
             if copy is not None or not download.fits:
                 return copy
-            # the download was abandoned by everyone else just before we came: start again
+            # the download was abandoned by everyone else just before we came, or the open
+            # running it was interrupted: start again
 
     def release(self, copy: LocalCopy) -> None:
         """One handle on `copy` closed; the last one closes its fd (the entry may be pruned),
@@ -313,15 +335,14 @@ class WholeFileCache:
             await download.done.wait()
         finally:
             download.waiters -= 1
-            if download.waiters == 0 and not download.done.is_set():
-                download.scope.cancel()  # nobody wants it any more
+            scope = download.scope
+            if download.waiters == 0 and scope is not None and not download.done.is_set():
+                scope.cancel()  # nobody wants it any more
         # No checkpoint from here to the caller's handle: a waiter woken by `done` always
         # takes the use the download counted for it.
-        if download.error is not None:
-            raise download.error
-        return download.copy
+        return _outcome(download)
 
-    def _unpin_if_idle(self, path: Path) -> None:
+    def _unpin_if_idle(self, path: str) -> None:
         if path not in self._open and path not in self._downloads:
             self._pinned.discard(path)
 
@@ -337,10 +358,10 @@ class WholeFileCache:
             return
         self._present.merge(found)
 
-    async def _open_from_disk(self, version: BlobVersion, path: Path) -> LocalCopy | None:
+    async def _open_from_disk(self, version: BlobVersion, path: str) -> LocalCopy | None:
         # an entry another process of the mount wrote is not in this process's filter
         by_sibling = self._written_by_sibling(path)
-        if not by_sibling and not self._present.may_hold(path.name):
+        if not by_sibling and not self._present.may_hold(os.path.basename(path)):
             return None  # never cached: no need to look
         self._pinned.add(path)
         copy = None
@@ -366,7 +387,7 @@ class WholeFileCache:
                 await self._remove(path)
                 return None
             self._verified.add(path)
-            self._present.add(path.name)
+            self._present.add(os.path.basename(path))
             if by_sibling:
                 self._other_process_copies += 1  # counted once its size was found right
             copy = self._register(path, fd, version, users=1)
@@ -375,11 +396,13 @@ class WholeFileCache:
             if copy is None:
                 self._unpin_if_idle(path)
 
-    def _written_by_sibling(self, path: Path) -> bool:
+    def _written_by_sibling(self, path: str) -> bool:
         siblings = self._siblings
-        return siblings is not None and path not in self._verified and siblings.wrote(path.name)
+        if siblings is None or path in self._verified:
+            return False
+        return siblings.wrote(os.path.basename(path))
 
-    async def _open_entry(self, path: Path) -> tuple[int, int] | None:
+    async def _open_entry(self, path: str) -> tuple[int, int] | None:
         """`entries.open_entry`, on the trio thread while the disk answers fast."""
         gate = self._in_place
         if not gate.allows(0):
@@ -392,7 +415,7 @@ class WholeFileCache:
         finally:
             gate.record(time.monotonic() - started)
 
-    async def _verify(self, version: BlobVersion, path: Path, fd: int, size: int) -> bool:
+    async def _verify(self, version: BlobVersion, path: str, fd: int, size: int) -> bool:
         """Size always; Content-MD5 (when the blob has one) once per entry and process."""
         if size != version.size:
             return False
@@ -404,7 +427,7 @@ class WholeFileCache:
         digest = await self._in_thread(entries.md5_of, fd)
         return hmac.compare_digest(digest, props.content_md5)
 
-    def _register(self, path: Path, fd: int, version: BlobVersion, *, users: int) -> LocalCopy:
+    def _register(self, path: str, fd: int, version: BlobVersion, *, users: int) -> LocalCopy:
         copy = self._open.get(path)
         if copy is not None:  # opened twice at once; keep one fd
             os.close(fd)
@@ -415,7 +438,7 @@ class WholeFileCache:
         self._note_latest(version)
         return copy
 
-    async def _remove(self, path: Path) -> None:
+    async def _remove(self, path: str) -> None:
         freed = await self._in_thread(entries.unlink, path)
         if freed:
             self.pruner.budget.removed(freed)
@@ -436,22 +459,48 @@ class WholeFileCache:
 
     # -- downloading ---------------------------------------------------------------------------
 
-    def _start_download(self, version: BlobVersion, path: Path) -> _Download:
-        download = self._downloads[path] = _Download()
+    def _new_download(self, path: str, scope: trio.CancelScope | None) -> _Download:
+        download = self._downloads[path] = _Download(scope)
         self._pinned.add(path)
-        self._nursery.start_soon(self._run_download, version, path, download)
         return download
 
-    async def _run_download(self, version: BlobVersion, path: Path, download: _Download) -> None:
+    async def _download_here(self, version: BlobVersion, path: str) -> LocalCopy | None:
+        """Download a small version in this open's task, the opens that come meanwhile joining
+        it (`_wait`): its copy (one use of it is ours), or None if it does not fit. Re-raises
+        its failure. Interrupted, it stops; the opens that joined it start again (`open`)."""
+        download = self._new_download(path, None)
+        download.waiters = 1  # this open: the copy counts its use as it does the joiners'
         try:
-            with download.scope:
-                if self._siblings is not None:
-                    # another process of the mount may be downloading it: its copy, if so
-                    download.copy = await self._claim_or_wait(version, path, download)
-                if download.copy is None:
-                    download.copy = await self._download(version, path, download)
-                    self._downloads_done += 1
-                    self._downloaded_bytes += version.size
+            await self._run_download(version, path, download)
+        finally:
+            download.waiters -= 1
+        # no checkpoint from `_run_download`'s end to the caller's handle: the use is ours
+        return _outcome(download)
+
+    def _start_download(self, version: BlobVersion, path: str) -> _Download:
+        """Download a bigger version in the cache's nursery, for the opens that `_wait`."""
+        scope = trio.CancelScope()
+        download = self._new_download(path, scope)
+        self._nursery.start_soon(self._run_download_in, scope, version, path, download)
+        return download
+
+    async def _run_download_in(
+        self, scope: trio.CancelScope, version: BlobVersion, path: str, download: _Download
+    ) -> None:
+        with scope:
+            await self._run_download(version, path, download)
+
+    async def _run_download(self, version: BlobVersion, path: str, download: _Download) -> None:
+        """Run `download` to its end, its outcome recorded for the opens waiting on it; however
+        it ends (cancelled too), it is unregistered, its claim ended, and `done` set."""
+        try:
+            if self._siblings is not None:
+                # another process of the mount may be downloading it: its copy, if so
+                download.copy = await self._claim_or_wait(version, path, download)
+            if download.copy is None:
+                download.copy = await self._download(version, path, download)
+                self._downloads_done += 1
+                self._downloaded_bytes += version.size
         except _DoesNotFit:
             download.fits = False
         except OSError as exc:
@@ -477,7 +526,7 @@ class WholeFileCache:
             self._unpin_if_idle(path)
             download.done.set()
 
-    async def _download(self, version: BlobVersion, path: Path, download: _Download) -> LocalCopy:
+    async def _download(self, version: BlobVersion, path: str, download: _Download) -> LocalCopy:
         """Fetch `version`: its copy, with one use for each open waiting now (each takes it
         without a checkpoint)."""
         if version.size <= self._memory_max:
@@ -487,19 +536,19 @@ class WholeFileCache:
         else:
             fd = await self._fetch_to_disk(version, path)
         self._verified.add(path)
-        self._present.add(path.name)
+        self._present.add(os.path.basename(path))
         self._release_claim(download, path, written=True)
         return self._register(path, fd, version, users=download.waiters)
 
     async def _claim_or_wait(
-        self, version: BlobVersion, path: Path, download: _Download
+        self, version: BlobVersion, path: str, download: _Download
     ) -> LocalCopy | None:
         """(several processes) Claim the download of `version` for this process (None), or
         wait for the process that claimed it and open the entry it wrote: that copy, with one
         use for each open waiting now. A claimer that ends without the entry (its download
         failed, or its process died) leaves the download to this process."""
         assert self._siblings is not None
-        siblings, entry = self._siblings, path.name
+        siblings, entry = self._siblings, os.path.basename(path)
         while True:
             claim = siblings.claim(entry)
             if claim is not Claim.THEIRS:
@@ -521,7 +570,7 @@ class WholeFileCache:
             return self._register(path, fd, version, users=download.waiters)
 
     def _release_claim(
-        self, download: _Download | _PendingWrite, path: Path, *, written: bool
+        self, download: _Download | _PendingWrite, path: str, *, written: bool
     ) -> None:
         """End the version's claim, if this process holds it; `written`: its entry is on disk
         under its final name, written from checked bytes (recorded first, for the waiters)."""
@@ -529,11 +578,12 @@ class WholeFileCache:
             return
         assert self._siblings is not None
         download.claimed = False
+        entry = os.path.basename(path)
         if written:
-            self._siblings.record(path.name)
-        self._siblings.release(path.name)
+            self._siblings.record(entry)
+        self._siblings.release(entry)
 
-    async def _reserve(self, version: BlobVersion, path: Path) -> tuple[int, object]:
+    async def _reserve(self, version: BlobVersion, path: str) -> tuple[int, object]:
         """Room for `version`'s entry and a transfer slot: (the bytes reserved, the slot's
         borrower). Raises _DoesNotFit; undo with `_unreserve`."""
         estimate = allocated_size(version.size, self._alloc_unit)
@@ -549,13 +599,13 @@ class WholeFileCache:
         return estimate, slot
 
     def _unreserve(
-        self, path: Path, estimate: int, slot: object, written: int = 0, free: int | None = None
+        self, path: str, estimate: int, slot: object, written: int = 0, free: int | None = None
     ) -> None:
         self._slots.release_on_behalf_of(slot)
         self.pruner.end_write(path, estimate, written, free)
 
     async def _fetch_into_memory(
-        self, version: BlobVersion, path: Path, download: _Download
+        self, version: BlobVersion, path: str, download: _Download
     ) -> LocalCopy:
         """One GET of a small version, checked against its Content-MD5, whose copy is then
         served from memory at once; the writer writes its entry meanwhile (`_write_landed`
@@ -579,7 +629,7 @@ class WholeFileCache:
         copy.users = download.waiters
         copy.writing = True
         self._note_latest(version)
-        write = EntryWrite(os.fspath(path), data)  # checked above
+        write = EntryWrite(path, data)  # checked above
         write.owner = _PendingWrite(copy, version, estimate, slot, download.claimed)
         download.claimed = False  # ended by the write (`_write_landed`)
         self._writes[path] = write
@@ -599,7 +649,7 @@ class WholeFileCache:
         copy.writing = False
         if write.outcome == "written":
             self._verified.add(copy.path)  # written from checked bytes
-            self._present.add(copy.path.name)
+            self._present.add(os.path.basename(copy.path))
             if self._latest_etag.get(version.name) != version.etag and copy.users <= 0:
                 self._nursery.start_soon(self._remove, copy.path)  # replaced meanwhile
         elif write.outcome == "failed":
@@ -618,7 +668,7 @@ class WholeFileCache:
         if copy.users <= 0:
             self._drop(copy)
 
-    async def _fetch_whole_to_disk(self, version: BlobVersion, path: Path) -> int:
+    async def _fetch_whole_to_disk(self, version: BlobVersion, path: str) -> int:
         """One GET of a version up to one part, written to its entry before the open returns
         (too big to hold in memory while the write waits); the open fd of the entry."""
         estimate, slot = await self._reserve(version, path)
@@ -626,7 +676,7 @@ class WholeFileCache:
         free: int | None = None
         try:
             data, _ = await fetch_whole(self._storage, version, self._in_thread)
-            fd, written, free = await self._in_thread(entries.write_entry, os.fspath(path), data)
+            fd, written, free = await self._in_thread(entries.write_entry, path, data)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.pruner.report_full(os.strerror(exc.errno), disk_says_so=True)
@@ -635,7 +685,7 @@ class WholeFileCache:
             self._unreserve(path, estimate, slot, written, free)
         return fd
 
-    async def _fetch_to_disk(self, version: BlobVersion, path: Path) -> int:
+    async def _fetch_to_disk(self, version: BlobVersion, path: str) -> int:
         """Fetch a version bigger than one part into its entry; the open fd of the entry."""
         size = version.size
         estimate = allocated_size(size, self._alloc_unit)
@@ -645,12 +695,12 @@ class WholeFileCache:
         written = 0
         free: int | None = None
         try:
-            await self._in_thread(entries.make_folder, path.parent)
+            await self._in_thread(entries.make_folder, os.path.dirname(path))
             await fetch_parts(
                 self._storage,
                 version,
-                path,
-                temporary_path(path),
+                Path(path),
+                Path(temporary_name(path)),
                 part_size=self.config.part_size,
                 slots=self._slots,
                 run=self._in_thread,

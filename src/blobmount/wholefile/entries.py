@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import logging
 import os
-from pathlib import Path
 
 from blobmount.cachedir.layout import allocated_bytes, free_bytes, temporary_name
 
@@ -22,7 +21,11 @@ _HASH_CHUNK = 4 * 1024 * 1024
 _NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
-def open_entry(path: str | Path) -> tuple[int, int] | None:
+#: an entry's path: the cache builds plain strings (pathlib costs microseconds an open)
+EntryPath = str | os.PathLike[str]
+
+
+def open_entry(path: EntryPath) -> tuple[int, int] | None:
     """(fd, size) of an entry opened for reading and marked used now (its mtime is its LRU
     time); None if there is no such entry."""
     try:
@@ -95,21 +98,21 @@ def _write_all(fd: int, data: bytes) -> None:
         offset += os.pwrite(fd, view[offset:], offset)
 
 
-def open_after_download(path: Path) -> tuple[int, int, int]:
+def open_after_download(path: EntryPath) -> tuple[int, int, int]:
     """(fd, allocated bytes, free bytes on the disk) of an entry just renamed into place."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         with contextlib.suppress(OSError):
             os.utime(fd)  # the download set the blob's mtime; the cache orders by last use
         st = os.fstat(fd)
-        return fd, allocated_bytes(st), free_bytes(path.parent)[0]
+        return fd, allocated_bytes(st), free_bytes(os.path.dirname(path))[0]
     except BaseException:
         os.close(fd)
         raise
 
 
-def make_folder(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
+def make_folder(path: EntryPath) -> None:
+    os.makedirs(path, exist_ok=True)
 
 
 def md5_of(fd: int) -> bytes:
@@ -121,7 +124,7 @@ def md5_of(fd: int) -> bytes:
     return digest.digest()
 
 
-def unlink(path: Path) -> int:
+def unlink(path: EntryPath) -> int:
     """Remove an entry; the bytes it occupied (0 if it was not there)."""
     try:
         size = allocated_bytes(os.stat(path))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from blobmount.cachedir.layout import is_temporary
 
@@ -65,7 +64,7 @@ class PresenceFilter:
         self.complete = True
 
 
-def scan_folder(folder: Path) -> PresenceFilter:
+def scan_folder(folder: str | os.PathLike[str]) -> PresenceFilter:
     """(worker thread) A filter of the entries in a location's folder (`<hh>/<name>`)."""
     found = PresenceFilter()
     try:
