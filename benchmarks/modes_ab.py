@@ -1,12 +1,14 @@
 """Block mode against whole-file mode on cold small files, rounds alternated (issue #29).
 
     python benchmarks/modes_ab.py [--files N] [--rounds R] [--readers T] [--old-src SRC]
-                                  [--cache-root DIR]
+                                  [--cache-root DIR] [--rclone]
 
 The benchmark's small-file dataset (N files, 20-30 KB) sits in one Azurite. Each round mounts
 it afresh once per system, with an empty cache: `block` (scenario 3's settings: no disk cache,
 RAM tier 0), `whole` (the same in whole-file mode), and with `--old-src` also `whole-old`, the
-whole-file mode of another `src` folder (a before/after of a change). The systems take turns in
+whole-file mode of another `src` folder (a before/after of a change), and with `--rclone` also
+`rclone-off` (the peer, `rclone mount --vfs-cache-mode off`, as run.py sets it up: issue #25's
+"few readers at least rclone-off's rate", measured in alternated rounds). The systems take turns in
 alternating order (a, b, c, c, b, a, ...); each round reads 100 files to settle the mount, drops
 the kernel's caches, then reads the rest once in a shuffled order with T threads, every byte
 checked. Reported per round and as medians: files/s and the daemon tree's user and system CPU
@@ -46,6 +48,7 @@ from scenarios.measure import drop_kernel_caches  # noqa: E402
 from scenarios.mounted import MountedDaemon  # noqa: E402
 from scenarios.plans import QUICK  # noqa: E402
 from scenarios.process_tree import tree_processes  # noqa: E402
+from scenarios.rclone import RcloneSystem  # noqa: E402
 from scenarios.readers import read_through_mount  # noqa: E402
 from scenarios.small_files import SmallFiles  # noqa: E402
 from scenarios.verify import new_buffer, verify_mount_reads  # noqa: E402
@@ -91,16 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=1)
     parser.add_argument("--old-src", type=Path, help="also whole-file mode of this src folder")
     parser.add_argument("--cache-root", type=Path, help="make the cache folders in here")
+    parser.add_argument("--rclone", action="store_true", help="also rclone mount, cache off")
     args = parser.parse_args(argv)
     if args.files <= SETTLE_FILES:
         parser.error(f"--files must be more than {SETTLE_FILES}")
-    systems = {"block": BlobmountSystem(), "whole": BlobmountSystem(whole_file=True)}
+    systems: dict[str, BlobmountSystem | RcloneSystem] = {
+        "block": BlobmountSystem(),
+        "whole": BlobmountSystem(whole_file=True),
+    }
     sources: dict[str, Path] = {}
     if args.old_src:
         if not (args.old_src / "blobmount" / "__init__.py").is_file():
             parser.error(f"{args.old_src} is not a src folder with blobmount in it")
         systems["whole-old"] = BlobmountSystem(whole_file=True)
         sources["whole-old"] = args.old_src.resolve()
+    if args.rclone:
+        systems["rclone-off"] = RcloneSystem("off")
     results: dict[str, list[tuple[float, float, float]]] = {tag: [] for tag in systems}
     with ExitStack() as stack:
         datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
