@@ -207,7 +207,9 @@ def setup_logging(
         handlers.append(logging.StreamHandler(sys.stderr))
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
+        # a blob name that is not valid Unicode carries lone surrogates: escape them, as
+        # stderr does, rather than lose the line that names the blob
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8", errors="backslashreplace"))
     for handler in handlers:
         formatter = JsonFormatter() if log_format == "json" else RedactingFormatter(FORMAT)
         handler.setFormatter(formatter)

@@ -248,6 +248,20 @@ def test_setup_logging_limits_repeats_and_redacts(
         assert " WARNING blobmount.test: range GET of block 0 failed" in lines[0]
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_name_that_is_not_unicode_is_logged_escaped(
+    root_logger: logging.Logger, tmp_path: Path, log_format: str
+) -> None:
+    """A blob name with undecodable bytes holds lone surrogates; its line reaches the log file
+    (escaped), instead of a "Logging error" traceback on stderr and no line."""
+    log_file = tmp_path / "daemon.log"
+    setup_logging("INFO", log_file=log_file, stderr=False, log_format=log_format)
+    logging.getLogger("blobmount.test").warning("%s: refused", "data/bad\udcffname")
+    (handler,) = root_logger.handlers
+    handler.flush()
+    assert "data/bad\\udcffname: refused" in log_file.read_text(encoding="utf-8")
+
+
 def test_pending_summaries_are_written_at_exit(tmp_path: Path) -> None:
     log_file = tmp_path / "daemon.log"
     code = (
