@@ -62,8 +62,13 @@ $(AZURITE_STAMP):
 demo: setup
 	$(PY) -m blobmount.testing.demo
 
+# pytest-xdist processes for `make test` and `make test-processes` (each with its own Azurite):
+# a mount test mostly waits on the mount, so 2 halve the time on 2 cores; 0 runs in one process
+TEST_JOBS ?= 2
+PYTEST_JOBS := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_JOBS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
@@ -76,7 +81,7 @@ test-e2e: setup
 
 # the tests that mount, again with every mount served by 2 processes (DATASET_MOUNT_WORKER_PROCESSES)
 test-processes: setup
-	BLOBMOUNT_TEST_WORKER_PROCESSES=2 $(PY) -m pytest -m "fuse and not single_process"
+	BLOBMOUNT_TEST_WORKER_PROCESSES=2 $(PY) -m pytest $(PYTEST_JOBS) -m "fuse and not single_process"
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -15,6 +15,18 @@ import pytest
 from blobmount.testing.azurite import AzuriteServer, find_azurite
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output with lone surrogates (the tests of blob names that are not valid Unicode
+    log such names) escaped, so a pytest-xdist worker can send its report as UTF-8."""
+    report = yield
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+    return report
+
+
 def _require_all() -> bool:
     return os.environ.get("BLOBMOUNT_REQUIRE_ALL") == "1"
 

@@ -110,6 +110,12 @@ def _sources() -> list[tuple[str, ast.Module, list[str]]]:
 SOURCES = _sources()
 
 
+def _source_id(value: object) -> str:
+    """A test's id is its file's path: the same in every pytest-xdist worker (an AST's repr
+    holds its address, which differs)."""
+    return value if isinstance(value, str) else ""
+
+
 def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
@@ -121,7 +127,7 @@ def test_every_module_of_src_has_a_layer():
     assert not stale, f"LAYERS names units that no longer exist: {stale}"
 
 
-@pytest.mark.parametrize(("rel", "tree"), [(r, t) for r, t, _ in SOURCES], ids=lambda v: str(v))
+@pytest.mark.parametrize(("rel", "tree"), [(r, t) for r, t, _ in SOURCES], ids=_source_id)
 def test_imports_point_down_the_layers(rel, tree):
     own = _unit(rel)
     for node in _imports(tree):
@@ -133,7 +139,7 @@ def test_imports_point_down_the_layers(rel, tree):
             )
 
 
-@pytest.mark.parametrize(("rel", "tree"), [(r, t) for r, t, _ in SOURCES], ids=lambda v: str(v))
+@pytest.mark.parametrize(("rel", "tree"), [(r, t) for r, t, _ in SOURCES], ids=_source_id)
 def test_third_party_adapters_stay_confined(rel, tree):
     names = set().union(*(_third_party(n) for n in _imports(tree)))
     for module, places in CONFINED.items():
@@ -167,9 +173,7 @@ def _says_why(lines: list[str], lineno: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    ("rel", "tree", "lines"), SOURCES, ids=lambda v: v if isinstance(v, str) else ""
-)
+@pytest.mark.parametrize(("rel", "tree", "lines"), SOURCES, ids=_source_id)
 def test_imports_inside_functions_say_why(rel, tree, lines):
     unexplained = [
         f"{rel}:{node.lineno}"
