@@ -17,6 +17,7 @@ from typing import Any
 from scenarios.base import KEPT_SUFFIX, Scenario
 from scenarios.machine import machine_line
 from scenarios.plans import GiB, Phase
+from scenarios.projection import projection_lines
 from scenarios.results import RunMetrics, SystemResult
 
 log = logging.getLogger(__name__)
@@ -338,6 +339,7 @@ def to_markdown(report: RunReport) -> str:
             if r.error:
                 lines += [f"- **{r.system} failed**:", "", "```", r.error.strip()[:3000], "```"]
         lines.append("")
+    lines += projection_lines(r for sr in report.scenarios for r in sr.systems)
     if report.notes:
         lines += ["## Notes", "", *(f"- {note}" for note in report.notes), ""]
     return "\n".join(lines)

@@ -56,6 +56,8 @@ KEEPALIVE_S = 15.0
 MAX_HEAD_BYTES = 64 * 1024
 #: the most read from the socket at once (a small file's answer comes in one read)
 RECEIVE_BYTES = 256 * 1024
+#: a body read without waiting lets other tasks run after this many bytes
+YIELD_BYTES = 1024 * 1024
 #: NO_PROXY matching as urllib does it (hosts, domain suffixes, "*"; not in typeshed)
 _bypass: Callable[[str, dict[str, str]], bool] = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
 #: statuses whose answers have no body whatever their headers say
@@ -162,7 +164,7 @@ class _Head:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "raw", "socket", "stream", "used")
+    __slots__ = ("idle_since", "raw", "socket", "stream", "tls", "used")
 
     def __init__(
         self, stream: trio.abc.Stream, sock: trio.socket.SocketType, raw: socket.socket
@@ -170,8 +172,10 @@ class _Connection:
         self.stream = stream
         #: the TCP socket under it (TLS or not), closed through trio ...
         self.socket = sock
-        #: ... and the same socket as the standard library's, to look at it without waiting
+        #: ... and the same socket as the standard library's, to look at it and, without TLS,
+        #: to read and write it without a pass through trio's scheduler
         self.raw = raw
+        self.tls = False
         self.used = False
         self.idle_since = 0.0
 
@@ -187,6 +191,49 @@ class _Connection:
         except OSError:
             return False
         return False
+
+    async def send_all(self, data: bytes) -> None:
+        """Send `data`. Without TLS a request goes out in one `send` when the socket has room
+        (it always has, for a request head); trio's stream would also pass its scheduler."""
+        if not self.tls:
+            try:
+                sent = self.raw.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        try:
+            await self.stream.send_all(data)
+        except trio.BrokenResourceError as exc:
+            raise ConnectionResetError("connection broken while sending") from (
+                exc.__cause__ or exc
+            )
+
+    async def receive(self, max_bytes: int, timeout_s: float) -> bytes:
+        """One read of up to `max_bytes` (b"" at the end of the stream); TimeoutError when none
+        comes within `timeout_s`. Without TLS, bytes already waiting are read at once, and only
+        an empty socket waits in trio (trio's stream would pass its scheduler on every read)."""
+        if not self.tls:
+            try:
+                return self.raw.recv(max_bytes)
+            except BlockingIOError:
+                pass
+            with trio.move_on_after(timeout_s):
+                while True:
+                    await trio.lowlevel.wait_readable(self.raw)
+                    try:
+                        return self.raw.recv(max_bytes)
+                    except BlockingIOError:
+                        continue
+            raise TimeoutError
+        with trio.move_on_after(timeout_s):
+            try:
+                # bytes, from ssl (typed wider by trio.abc.Stream)
+                return cast(bytes, await self.stream.receive_some(max_bytes))
+            except trio.BrokenResourceError as exc:
+                raise ConnectionResetError("connection broken") from (exc.__cause__ or exc)
+        raise TimeoutError
 
     def close(self) -> None:
         self.socket.close()
@@ -298,6 +345,7 @@ class Answer:
         length = self._length
         data, self._leftover = self._leftover, b""
         receive = self._client.receive
+        unyielded = 0
         while True:
             if data:
                 if length is not None and self.body_bytes + len(data) > length:
@@ -305,8 +353,13 @@ class Answer:
                     self._keep_alive = False  # more than announced: nothing to trust after
                 self.body_bytes += len(data)
                 feed(data)
+                unyielded += len(data)
             if length is not None and self.body_bytes >= length:
                 return
+            if unyielded >= YIELD_BYTES:
+                # reads that find bytes waiting do not pass the scheduler: let the others run
+                unyielded = 0
+                await trio.lowlevel.checkpoint()
             want = RECEIVE_BYTES if length is None else min(RECEIVE_BYTES, length - self.body_bytes)
             data = await receive(conn, want)
             if not data:
@@ -426,6 +479,7 @@ class Http1Client:
                     await self._tunnel(conn.stream)
                 if self._ssl is not None:
                     conn.stream = await self._tls(conn.stream)
+                    conn.tls = True
             except BaseException:
                 conn.close()
                 raise
@@ -499,16 +553,12 @@ class Http1Client:
 
     async def receive(self, conn: _Connection, max_bytes: int) -> bytes:
         """One read from `conn`, within the read timeout (TimeoutError past it)."""
-        with trio.move_on_after(self.read_timeout_s):
-            try:
-                # bytes, from a socket or from ssl (typed wider by trio.abc.Stream)
-                return cast(bytes, await conn.stream.receive_some(max_bytes))
-            except trio.BrokenResourceError as exc:
-                raise self._broken() from (exc.__cause__ or exc)
-        raise TimeoutError(f"no answer from {self.host}:{self.port} in {self.read_timeout_s:g}s")
-
-    def _broken(self) -> ConnectionResetError:
-        return ConnectionResetError(f"connection to {self.host}:{self.port} broken")
+        try:
+            return await conn.receive(max_bytes, self.read_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer from {self.host}:{self.port} in {self.read_timeout_s:g}s"
+            ) from None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -517,6 +567,9 @@ class Http1Client:
         the answer with its head read. Release it (or read its body) once done."""
         if self._closed:
             raise ConnectionError("the HTTP client is closed")
+        # a request may not wait at all (an idle connection, the answer already there): still
+        # a point where a cancelled caller stops, as every trio call is
+        await trio.lowlevel.checkpoint_if_cancelled()
         payload = self._encode(method, target, headers)
         await self._slots.acquire()
         try:
@@ -549,11 +602,11 @@ class Http1Client:
         turns out closed before any byte of the answer raises `_Stale`."""
         try:
             try:
-                await conn.stream.send_all(payload)
-            except (trio.BrokenResourceError, OSError) as exc:
+                await conn.send_all(payload)
+            except OSError:
                 if conn.used:
                     raise _Stale from None
-                raise self._broken() from (exc.__cause__ or exc)
+                raise
             return await self._read_head(conn, method)
         except BaseException:
             conn.close()
