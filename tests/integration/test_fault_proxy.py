@@ -8,7 +8,6 @@ timeout holds against a loopback listener whose accept queue is full (SYNs are d
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +26,7 @@ from blobmount.storage._aio_bridge import AsyncioBridge
 from blobmount.storage.azure import AzureStorageClient
 from blobmount.storage.retry import RetryingStorageClient
 from blobmount.testing.pattern import pattern_bytes
+from tests.helpers.blackhole import blackhole_port
 from tests.helpers.fault_proxy import (
     Fault,
     cut_short,
@@ -171,24 +171,8 @@ async def test_stalled_first_byte_waits_one_read_timeout(client, proxy):
 @pytest.fixture
 def blackhole() -> Iterator[int]:
     """A loopback port whose accept queue is full: new SYNs are dropped, connects hang."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(3):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        fillers.append(s)
-    try:
+    with blackhole_port(fillers=3) as port:
         yield port
-    finally:
-        for s in [*fillers, listener]:
-            s.close()
 
 
 async def test_connect_timeout(azurite, blackhole):

@@ -25,6 +25,7 @@ from blobmount.storage.http1 import (
     Route,
     route_for,
 )
+from tests.helpers.blackhole import blackhole_port
 from tests.helpers.forward_proxy import ForwardProxy
 
 #: what a scripted handler gets: the request's head, and the stream to answer on
@@ -300,21 +301,7 @@ async def test_a_server_that_never_answers_times_out_per_read(nursery):
 
 
 async def test_connecting_to_a_full_accept_queue_times_out():
-    # a listener that never accepts, its queue filled: the kernel drops further SYNs
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    try:
-        for _ in range(8):
-            filler = socket.socket()
-            filler.setblocking(False)
-            try:
-                filler.connect(("127.0.0.1", port))
-            except BlockingIOError:
-                pass
-            fillers.append(filler)
+    with blackhole_port() as port:
         http = Http1Client(
             f"http://127.0.0.1:{port}",
             connect_timeout_s=0.5,
@@ -324,9 +311,6 @@ async def test_connecting_to_a_full_accept_queue_times_out():
         )
         with trio.fail_after(10), pytest.raises(TimeoutError, match="connecting to"):
             await get(http)
-    finally:
-        for sock in [*fillers, listener]:
-            sock.close()
 
 
 async def test_a_refused_connection_names_its_endpoint():
