@@ -87,6 +87,8 @@ def projection_lines(results: Iterable[SystemResult]) -> list[str]:
         "- one reader's sequential stream is read ahead by one process: it stays near "
         + (f"{1 / g1:.1f} GiB/s" if g1 else "one process's rate")
         + " (1 / the 1-process CPU per GiB) however many cores there are;",
+        "- the CPU figures are this machine's (its speed varies from day to day: compare the "
+        "ceiling's MB/s across runs); a node's faster cores raise the bound in proportion;",
         "- storage and network are not the limit; on Azure they are: a standard account's "
         f"target is {ACCOUNT_REQUESTS_S:,} requests/s for the whole job, and a node's NIC "
         "(25-100 Gbit/s) caps sequential reads below the CPU bound.",

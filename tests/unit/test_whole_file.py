@@ -11,12 +11,14 @@ import errno
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
+from blobmount.blocks.inline_reads import InlineReadGate
 from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
@@ -442,6 +444,7 @@ async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
     mem.put("other.bin", b"other")
     async with open_whole_file_cache(busy, config(tmp_path), LOC) as cache:
         assert cache is not None
+        cache.writer.gate = InlineReadGate(max_bytes=0)  # a slow disk: writes in the thread
 
         async def open_other() -> None:
             cache.release(await cache.open(version(mem, "other.bin")))
@@ -805,6 +808,35 @@ async def test_entries_are_written_off_the_trio_thread_and_land_on_it(tmp_path):
     assert all(item.outcome == "written" for item in items)
     assert all((tmp_path / f"e{i}").read_bytes() == b"x" * i for i in range(200))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"e{i}" for i in range(200))
+
+
+async def test_small_entries_are_written_in_place_until_a_write_stalls(tmp_path, monkeypatch):
+    trio_thread = threading.get_ident()
+    writers: dict[str, int] = {}
+    real_write = wholefile_entries.put_entry
+
+    def timed_write(path, data):
+        writers[os.path.basename(path)] = threading.get_ident()
+        if path.endswith("stalls"):
+            time.sleep(0.1)  # one write the disk takes its time over
+        return real_write(path, data)
+
+    monkeypatch.setattr(wholefile_entries, "put_entry", timed_write)
+    writer = EntryWriter(lambda item: None, InlineReadGate(stall_s=0.05, first_backoff_s=60))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        for name in ("a", "b", "stalls", "after", "big"):
+            size = 300 * 1024 if name == "big" else 10
+            writer.submit(EntryWrite(os.fspath(tmp_path / name), b"x" * size))
+            with trio.fail_after(10):
+                await writer.settled()
+        nursery.cancel_scope.cancel()
+    # in place (no thread, no GIL handoffs) until one write stalled; then in the thread, as
+    # is an entry too big to write in place at all
+    here = {name for name, thread in writers.items() if thread == trio_thread}
+    assert here == {"a", "b", "stalls"}
+    assert set(writers) == {"a", "b", "stalls", "after", "big"}
+    assert all((tmp_path / name).exists() for name in writers)
 
 
 async def test_unmount_writes_what_is_queued_and_a_failure_lands_too(tmp_path):

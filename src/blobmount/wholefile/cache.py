@@ -12,10 +12,10 @@ sizes, three paths:
 
 - up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, in the task of the open that
   starts it, checked, and the opens waiting for it are answered at once from those bytes; only
-  then is the entry written and renamed, by the writer's own thread (`writer`), off the FUSE
-  loop's thread. The transfer slot is held until the write lands, so bytes waiting for the disk
-  stay within `download_slots * MEMORY_MAX_BYTES`; the write runs even at unmount (it is
-  short), so a file read once is cached.
+  then is the entry written and renamed, by the writer (`writer`: on the trio thread while the
+  disk answers fast, else in a thread of its own). The transfer slot is held until the write
+  lands, so bytes waiting for the disk stay within `download_slots * MEMORY_MAX_BYTES`; the
+  write runs even at unmount (it is short), so a file read once is cached.
 - up to `part_size`: one GET, written to the entry in a worker thread before the open returns.
 - bigger: parts fetched concurrently into a temporary file, renamed once whole and checked
   (`fetch.fetch_parts`).
@@ -239,7 +239,8 @@ class WholeFileCache:
         #: which entries may be on disk (`presence`): a cold open skips looking
         self._present = PresenceFilter()
         #: writes the entries of copies fetched into memory (its `run` is the cache's task)
-        self.writer = EntryWriter(self._write_landed)
+        #: small entries are written in place while the disk answers fast, as they are opened
+        self.writer = EntryWriter(self._write_landed, InlineReadGate())
         # each keyed by the entry's path (`path`)
         self._writes: dict[str, EntryWrite] = {}
         self._open: dict[str, LocalCopy] = {}

@@ -1,14 +1,18 @@
 """The whole-file cache's background writer: small copies fetched into memory are written to
-their entries by one thread of its own, off the trio thread.
+their entries after the opens that wanted them were answered.
 
-Why its own thread, and not the trio thread or a `trio.to_thread` hop per write: creating,
-writing, closing and renaming a small file is four system calls, and each one releases the GIL.
-Done on the trio thread, every release let the storage client's loop thread take the GIL, so
-writing a 25 KB entry held up the FUSE loop for 0.3-0.4 ms (measured with py-spy, one reader:
-the calls themselves take 0.04 ms), and one reader's files/s fell to 0.7x block mode's. A
-`trio.to_thread` hop per write costs about 90 µs of the trio thread's CPU. Here the trio thread
-only appends to a queue; the thread takes every write waiting (up to `MAX_BATCH`), writes them,
-and hands the batch back in one `run_sync_soon`, so under load one wakeup lands many writes.
+Where: on the trio thread while the disk answers fast, in a thread of its own otherwise.
+Creating, writing, closing and renaming a small file is four system calls, about 0.04 ms here.
+While the storage client's requests ran on an asyncio thread, each of those calls let that
+thread take the GIL, so a write on the trio thread held up the FUSE loop for 0.3-0.4 ms and the
+writes went to this thread. That thread is gone (storage/http1.py), and the handoffs are now the
+cost: with the writes in the thread, one reader of 25 KB files on the synthetic source cost the
+daemon 1.17-1.36 ms of CPU per file, 0.76-1.00 ms with them in place (docs/developer-notes/
+concurrency.md, "Whole-file entries"). A disk that stalls must not stall the FUSE loop, so an
+`InlineReadGate` (the one the entry opens use) times each write in place and sends the writes to
+the thread for a back-off once they turn slow. Either way the trio side only queues a write; the
+writer task takes every write waiting and lands them together (`landed`, on the trio thread),
+and the thread hands a batch back in one `run_sync_soon`.
 
 The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
 so an entry is only ever written from checked bytes, through a temporary renamed into place
@@ -21,11 +25,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
+from blobmount.blocks.inline_reads import InlineReadGate
 from blobmount.wholefile import entries
 
 log = logging.getLogger(__name__)
@@ -52,27 +58,40 @@ class EntryWrite:
     owner: object = field(default=None, repr=False)
 
 
+def write_one(item: EntryWrite) -> None:
+    """Write `item`'s entry (unless cancelled), setting its outcome."""
+    if item.cancelled:
+        item.outcome = "skipped"
+        return
+    try:
+        entries.put_entry(item.path, item.data)
+    except OSError as exc:
+        item.outcome, item.error = "failed", exc
+    else:
+        item.outcome = "written"
+
+
 def write_batch(batch: list[EntryWrite]) -> None:
     """(writer thread) Write each entry of `batch`, setting its outcome."""
     for item in batch:
-        if item.cancelled:
-            item.outcome = "skipped"
-            continue
-        try:
-            entries.put_entry(item.path, item.data)
-        except OSError as exc:
-            item.outcome, item.error = "failed", exc
-        else:
-            item.outcome = "written"
+        write_one(item)
 
 
 class EntryWriter:
-    """Writes `submit`ted entries in a thread of its own (see the module docstring);
-    `landed(item)` is called on the trio thread for each once it is done. `run` is the writer's
-    task: it starts the thread and, when cancelled, lets it write what is queued and stop."""
+    """Writes `submit`ted entries, in place while `gate` allows it, else in a thread of its own
+    (see the module docstring); `landed(item)` is called on the trio thread for each once it is
+    done. `run` is the writer's task: it starts the thread, writes in place what is queued for
+    it and, when cancelled, writes what is queued and stops the thread."""
 
-    def __init__(self, landed: Callable[[EntryWrite], None]) -> None:
+    def __init__(
+        self, landed: Callable[[EntryWrite], None], gate: InlineReadGate | None = None
+    ) -> None:
         self._landed = landed
+        #: None: every write goes to the thread
+        self.gate = gate
+        #: (trio thread) queued for the writer task to write in place
+        self._here: list[EntryWrite] = []
+        self._wake = trio.Event()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         #: submitted and not yet landed
         self._pending = 0
@@ -85,11 +104,15 @@ class EntryWriter:
         return self._pending > 0
 
     def submit(self, item: EntryWrite) -> None:
-        """(trio thread) Queue `item`; it is written soon, in the writer's thread."""
+        """(trio thread) Queue `item`; it is written soon, by the writer task or its thread."""
         if self._idle.is_set():
             self._idle = trio.Event()
         self._pending += 1
-        self._queue.put(item)
+        if self.gate is not None and self.gate.allows(len(item.data)):
+            self._here.append(item)
+            self._wake.set()
+        else:
+            self._queue.put(item)
 
     async def settled(self) -> None:
         """Wait until every write submitted so far has landed."""
@@ -102,8 +125,12 @@ class EntryWriter:
         )
         thread.start()
         try:
-            await trio.sleep_forever()
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                self._write_here()
         finally:
+            self._write_here()  # at unmount, what is queued is still written
             with trio.CancelScope(shield=True):
                 await self.settled()
                 self._queue.put(_STOP)
@@ -134,6 +161,26 @@ class EntryWriter:
                 token.run_sync_soon(self._land, batch)
             if stop:
                 return
+
+    def _write_here(self) -> None:
+        """(trio thread) Write what is queued in place, each write timed for the gate; once the
+        gate finds the disk slow, the rest go to the thread."""
+        batch, self._here = self._here, []
+        done: list[EntryWrite] = []
+        for item in batch:
+            gate = self.gate
+            if gate is None or not gate.allows(len(item.data)):
+                self._queue.put(item)
+                continue
+            started = time.monotonic()
+            try:
+                write_one(item)
+            except Exception:  # a bug: land it (as skipped) rather than hang
+                log.exception("whole-file cache: the entry writer failed")
+            gate.record(time.monotonic() - started)
+            done.append(item)
+        if done:
+            self._land(done)
 
     def _land(self, batch: list[EntryWrite]) -> None:
         """(trio thread) A batch is done: tell the cache about each write."""
