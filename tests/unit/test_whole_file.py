@@ -839,6 +839,40 @@ async def test_small_entries_are_written_in_place_until_a_write_stalls(tmp_path,
     assert all((tmp_path / name).exists() for name in writers)
 
 
+async def test_a_write_submitted_while_the_writer_stops_still_lands(tmp_path, monkeypatch):
+    """An open that completes during unmount submits while the writer's task waits for the
+    thread's last writes: that write goes to the thread too, and lands (in place, nobody would
+    write it, and the wait would never end)."""
+    real_write = wholefile_entries.put_entry
+
+    def slow_big_write(path, data):
+        if path.endswith("big"):
+            time.sleep(0.3)  # keeps the thread, and so the writer's end, busy
+        return real_write(path, data)
+
+    monkeypatch.setattr(wholefile_entries, "put_entry", slow_big_write)
+    landed: list[EntryWrite] = []
+    writer = EntryWriter(landed.append, InlineReadGate())
+    big = EntryWrite(os.fspath(tmp_path / "big"), b"x" * (300 * 1024))  # too big: the thread
+    late = EntryWrite(os.fspath(tmp_path / "late"), b"late")
+
+    async def submit_during_stop() -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.1)  # the writer's task is cancelled and waiting for `big`
+            writer.submit(late)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            writer.submit(big)
+            nursery.start_soon(submit_during_stop)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert landed == [big, late]
+    assert (tmp_path / "late").read_bytes() == b"late"
+
+
 async def test_unmount_writes_what_is_queued_and_a_failure_lands_too(tmp_path):
     landed: list[EntryWrite] = []
     writer = EntryWriter(landed.append)

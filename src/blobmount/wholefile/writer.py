@@ -92,6 +92,9 @@ class EntryWriter:
         #: (trio thread) queued for the writer task to write in place
         self._here: list[EntryWrite] = []
         self._wake = trio.Event()
+        #: the writer task is ending: a write submitted now goes to the thread, which runs
+        #: until everything submitted has landed
+        self._stopping = False
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         #: submitted and not yet landed
         self._pending = 0
@@ -108,7 +111,7 @@ class EntryWriter:
         if self._idle.is_set():
             self._idle = trio.Event()
         self._pending += 1
-        if self.gate is not None and self.gate.allows(len(item.data)):
+        if not self._stopping and self.gate is not None and self.gate.allows(len(item.data)):
             self._here.append(item)
             self._wake.set()
         else:
@@ -130,6 +133,7 @@ class EntryWriter:
                 self._wake = trio.Event()
                 self._write_here()
         finally:
+            self._stopping = True
             self._write_here()  # at unmount, what is queued is still written
             with trio.CancelScope(shield=True):
                 await self.settled()
