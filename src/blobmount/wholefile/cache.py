@@ -239,8 +239,9 @@ class WholeFileCache:
         #: which entries may be on disk (`presence`): a cold open skips looking
         self._present = PresenceFilter()
         #: writes the entries of copies fetched into memory (its `run` is the cache's task)
-        #: small entries are written in place while the disk answers fast, as they are opened
-        self.writer = EntryWriter(self._write_landed, InlineReadGate())
+        #: small entries are written in place while the disk answers fast: one gate judges the
+        #: disk for the entry opens and writes alike
+        self.writer = EntryWriter(self._write_landed, self._in_place)
         # each keyed by the entry's path (`path`)
         self._writes: dict[str, EntryWrite] = {}
         self._open: dict[str, LocalCopy] = {}
