@@ -101,7 +101,8 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
         **dict.fromkeys(("inodes", "open_files", "open_dirs"), _G),
         **dict.fromkeys(
             (
-                *("forwarded_reads", "forward_failures", "forwarded_opens", "shelf_opens"),
+                *("forwarded_reads", "forward_failures", "forwarded_in_area", "forwarded_opens"),
+                "shelf_opens",
                 "notices_lost",
             ),
             _C,

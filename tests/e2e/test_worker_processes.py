@@ -166,9 +166,12 @@ def test_a_large_file_is_fetched_once_however_its_reads_are_spread(two_processes
     )
     stats = daemon_stats(daemon)
     # the kernel spreads one reader's READs over both processes; the other passes its share
-    # to the opener, whose read-ahead fetched the block
+    # to the opener, whose read-ahead fetched the block, and whose bytes come back in shared
+    # memory (the file is read with one reader: one READ in flight at a time, all in slots;
+    # `_check_large_file` has checked every byte)
     assert stats["namespace"]["forwarded_reads"] > 0
     assert stats["namespace"]["forward_failures"] == 0
+    assert stats["namespace"]["forwarded_in_area"] == stats["namespace"]["forwarded_reads"]
     fetched = stats["blocks"]["fetcher"]["fetched_bytes"]
     assert DATASET.large_size <= fetched <= DATASET.large_size * 1.1, fetched
 

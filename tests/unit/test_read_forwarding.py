@@ -48,16 +48,18 @@ async def test_reads_come_back_whole_and_matched_to_their_requests(nursery, tmp_
     async def one(fh, offset, size):
         results[fh, offset, size] = bytes(await forwarder.read(0, fh, offset, size))
 
-    sizes = [0, 1, 4096, 131072, 1 << 20] * 8
+    sizes = [0, 1, 4096, 131072, 1 << 20, (1 << 20) + 1] * 8
     asks = [(100 + i, i * 7, size) for i, size in enumerate(sizes)]
     async with trio.open_nursery() as readers:
         for ask in asks:
             readers.start_soon(one, *ask)
     assert all(results[ask] == payload(*ask) for ask in asks)
-    assert (server.served, forwarder.forwarded, forwarder.failed) == (40, 40, 0)
+    assert (server.served, forwarder.forwarded, forwarder.failed) == (48, 48, 0)
+    # 48 at once, 8 slots: the others' bytes (and those bigger than a slot) came in the socket
+    assert 0 < forwarder.in_area <= 40
     # after each request, the opener (here: this process, by the pid it said hello with) is
     # woken from a blocked read of /dev/fuse
-    assert woken == [os.getpid()] * 40
+    assert woken == [os.getpid()] * 48
     forwarder.close()
 
 
@@ -183,4 +185,49 @@ async def test_a_failing_notice_or_an_oversized_one_never_breaks_the_reads(nurse
                 break
             except ForwardFailed:
                 await trio.sleep(0.01)
+    forwarder.close()
+
+
+async def test_answers_in_the_area_one_after_another_reuse_its_first_slot(nursery, tmp_path):
+    await nursery.start(ReadServer(tmp_path, 0, slow_read).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery)
+    for i in range(20):
+        view = await forwarder.read(0, 7, i * 4096, 4096)
+        assert bytes(view) == payload(7, i * 4096, 4096)
+    assert forwarder.in_area == 20
+    forwarder.close()
+
+
+async def test_without_an_area_every_answer_comes_through_the_socket(nursery, tmp_path):
+    await nursery.start(ReadServer(tmp_path, 0, slow_read).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery, area_slots=0)
+    for size in (10, 1 << 20):
+        assert bytes(await forwarder.read(0, 8, 3, size)) == payload(8, 3, size)
+    assert (forwarder.forwarded, forwarder.in_area) == (2, 0)
+    forwarder.close()
+
+
+async def test_an_interrupted_reads_slot_is_free_only_once_its_late_answer_came(
+    nursery, tmp_path
+):
+    """The opener may still write the slot of a READ the kernel interrupted: until its answer
+    has come, no other READ may have its bytes written there."""
+    gate = trio.Event()
+
+    async def gated(fh, offset, size):
+        if fh == 1:
+            await gate.wait()
+        return payload(fh, offset, size)
+
+    await nursery.start(ReadServer(tmp_path, 0, gated).run)
+    forwarder = ReadForwarder(tmp_path, 1, nursery, area_slots=1)
+    with trio.move_on_after(0.05):
+        await forwarder.read(0, 1, 0, 1000)
+    # the only slot is still the interrupted READ's: this one's bytes come in the socket
+    assert bytes(await forwarder.read(0, 2, 0, 1000)) == payload(2, 0, 1000)
+    assert forwarder.in_area == 0
+    gate.set()  # the late answer is written in the slot, and frees it
+    await trio.testing.wait_all_tasks_blocked()
+    assert bytes(await forwarder.read(0, 3, 0, 1000)) == payload(3, 0, 1000)
+    assert forwarder.in_area == 1
     forwarder.close()

@@ -106,6 +106,9 @@ class NamespaceStats:
     #: those it could not be asked (gone, being replaced) and were read here
     forwarded_reads: int = 0
     forward_failures: int = 0
+    #: forwarded READs whose bytes came back in shared memory (fs/forward.py's answer area), not
+    #: through the socket
+    forwarded_in_area: int = 0
     #: OPENs of a file the main process has read-order hints for, passed to it
     forwarded_opens: int = 0
     #: OPENs of such a file made here, its hinted blocks read from the main process's shelf
@@ -410,6 +413,7 @@ class BlobFilesystem:
             catalog=self.catalog.statistics(),
             forwarded_reads=0 if self.forwarder is None else self.forwarder.forwarded,
             forward_failures=0 if self.forwarder is None else self.forwarder.failed,
+            forwarded_in_area=0 if self.forwarder is None else self.forwarder.in_area,
             forwarded_opens=0 if self.forwarder is None else self.forwarder.opens,
             shelf_opens=self._shelf_opens,
             notices_lost=0 if self.forwarder is None else self.forwarder.notices_lost,
