@@ -34,6 +34,7 @@ from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.wholefile import entries as wholefile_entries
+from blobmount.wholefile import writer as writer_module
 from blobmount.wholefile.cache import WholeFileConfig, WholeFileStats, open_whole_file_cache
 from blobmount.wholefile.fetch import md5_keeping_gil
 from blobmount.wholefile.writer import EntryWrite, EntryWriter
@@ -837,6 +838,40 @@ async def test_small_entries_are_written_in_place_until_a_write_stalls(tmp_path,
     assert here == {"a", "b", "stalls"}
     assert set(writers) == {"a", "b", "stalls", "after", "big"}
     assert all((tmp_path / name).exists() for name in writers)
+
+
+async def test_writes_in_place_wait_until_the_loop_is_idle_or_for_a_while_at_most(
+    tmp_path, mock_clock
+):
+    """A write in place does not take the trio thread from requests that can run: it waits
+    until every task is blocked, or `MAX_DEFER_S` of (here: mock) time."""
+    landed: list[EntryWrite] = []
+    writer = EntryWriter(landed.append, InlineReadGate())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        await trio.testing.wait_all_tasks_blocked()
+        writer.submit(EntryWrite(os.fspath(tmp_path / "first"), b"1"))
+        for _ in range(100):  # a busy loop: there is always a task that can run
+            await trio.lowlevel.checkpoint()
+        assert landed == []
+        for _ in range(10):  # now idle: written (idle waiters are woken one at a time)
+            await trio.testing.wait_all_tasks_blocked()
+            if landed:
+                break
+        assert [item.outcome for item in landed] == ["written"]
+
+        writer.submit(EntryWrite(os.fspath(tmp_path / "second"), b"2"))
+        for _ in range(100):
+            await trio.lowlevel.checkpoint()
+        assert len(landed) == 1
+        mock_clock.jump(writer_module.MAX_DEFER_S)  # busy for that long: written anyway
+        for _ in range(100):
+            await trio.lowlevel.checkpoint()
+            if len(landed) == 2:
+                break
+        assert len(landed) == 2
+        nursery.cancel_scope.cancel()
+    assert (tmp_path / "second").read_bytes() == b"2"
 
 
 async def test_a_write_submitted_while_the_writer_stops_still_lands(tmp_path, monkeypatch):

@@ -14,6 +14,13 @@ the thread for a back-off once they turn slow. Either way the trio side only que
 writer task takes every write waiting and lands them together (`landed`, on the trio thread),
 and the thread hands a batch back in one `run_sync_soon`.
 
+In place, the writer task waits for a moment when no other task of the loop can run (trio's
+`wait_all_tasks_blocked`: every request is waiting for storage or the kernel) before it writes,
+so a write does not hold up the next request of a reader that reads one file after another: the
+entry is written while the next file's GET is on the wire. Under a load that leaves the loop
+no such moment, a batch waits at most `MAX_DEFER_S` or until `MAX_DEFERRED` writes are queued
+(each holds its bytes in memory and its room in the cache) and is written then.
+
 The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
 so an entry is only ever written from checked bytes, through a temporary renamed into place
 (`entries.put_entry`). `settled()` waits until every write submitted so far has landed; at
@@ -30,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+import trio.testing
 
 from blobmount.blocks.inline_reads import InlineReadGate
 from blobmount.wholefile import entries
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: writes taken by the thread at once at most (bounds how long a batch waits to land)
 MAX_BATCH = 64
+#: how long writes in place wait for the loop to be idle, and how many may wait
+MAX_DEFER_S = 0.05
+MAX_DEFERRED = 64
 
 #: tells the thread to stop (after the writes queued before it)
 _STOP = object()
@@ -130,6 +141,7 @@ class EntryWriter:
         try:
             while True:
                 await self._wake.wait()
+                await self._until_idle()
                 self._wake = trio.Event()
                 self._write_here()
         finally:
@@ -139,6 +151,14 @@ class EntryWriter:
                 await self.settled()
                 self._queue.put(_STOP)
                 await trio.to_thread.run_sync(thread.join)
+
+    async def _until_idle(self) -> None:
+        """Wait until no other task can run, `MAX_DEFER_S` at most, or not at all once
+        `MAX_DEFERRED` writes are waiting (see the module docstring)."""
+        if len(self._here) >= MAX_DEFERRED:
+            return
+        with trio.move_on_after(MAX_DEFER_S):
+            await trio.testing.wait_all_tasks_blocked()
 
     def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
