@@ -207,9 +207,7 @@ async def test_without_an_area_every_answer_comes_through_the_socket(nursery, tm
     forwarder.close()
 
 
-async def test_an_interrupted_reads_slot_is_free_only_once_its_late_answer_came(
-    nursery, tmp_path
-):
+async def test_an_interrupted_reads_slot_is_free_only_once_its_late_answer_came(nursery, tmp_path):
     """The opener may still write the slot of a READ the kernel interrupted: until its answer
     has come, no other READ may have its bytes written there."""
     gate = trio.Event()
