@@ -38,6 +38,17 @@ async def slow_read(fh, offset, size):
     return payload(fh, offset, size)
 
 
+def held_at(gate):
+    """A read of handle 1 that waits for `gate` (an answer that comes late); others at once."""
+
+    async def read(fh, offset, size):
+        if fh == 1:
+            await gate.wait()
+        return payload(fh, offset, size)
+
+    return read
+
+
 async def test_reads_come_back_whole_and_matched_to_their_requests(nursery, tmp_path):
     server = ReadServer(tmp_path, 0, slow_read)
     await nursery.start(server.run)
@@ -118,13 +129,7 @@ async def test_an_opener_that_goes_away_fails_the_reads_waiting_for_it(nursery, 
 
 async def test_an_interrupted_read_leaves_the_connection_usable(nursery, tmp_path):
     gate = trio.Event()
-
-    async def gated(fh, offset, size):
-        if fh == 1:
-            await gate.wait()
-        return payload(fh, offset, size)
-
-    await nursery.start(ReadServer(tmp_path, 0, gated).run)
+    await nursery.start(ReadServer(tmp_path, 0, held_at(gate)).run)
     forwarder = ReadForwarder(tmp_path, 1, nursery)
     with trio.move_on_after(0.05):  # the kernel's INTERRUPT of a READ
         await forwarder.read(0, 1, 0, 10)
@@ -211,13 +216,7 @@ async def test_an_interrupted_reads_slot_is_free_only_once_its_late_answer_came(
     """The opener may still write the slot of a READ the kernel interrupted: until its answer
     has come, no other READ may have its bytes written there."""
     gate = trio.Event()
-
-    async def gated(fh, offset, size):
-        if fh == 1:
-            await gate.wait()
-        return payload(fh, offset, size)
-
-    await nursery.start(ReadServer(tmp_path, 0, gated).run)
+    await nursery.start(ReadServer(tmp_path, 0, held_at(gate)).run)
     forwarder = ReadForwarder(tmp_path, 1, nursery, area_slots=1)
     with trio.move_on_after(0.05):
         await forwarder.read(0, 1, 0, 1000)
