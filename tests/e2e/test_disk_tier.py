@@ -25,6 +25,7 @@ import pytest
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import daemon_stats as stats
+from tests.helpers.page_cache import drop_page_cache
 from tests.helpers.single_process import FETCHES_PER_PROCESS, PROCESSES
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
@@ -80,14 +81,6 @@ def wait_written(daemon, timeout_s: float = 120.0, blocks: int | None = None) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"disk writes still queued after {timeout_s}s: {s['disk']}")
         time.sleep(0.05)
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_file(path: Path) -> tuple[str, float]:

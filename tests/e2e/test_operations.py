@@ -35,6 +35,7 @@ from blobmount.settings import load_settings
 from blobmount.stats import fetch_stats
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import is_mounted
+from tests.helpers.page_cache import drop_page_cache
 from tests.helpers.single_process import FETCHES_PER_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,11 +218,7 @@ def stats_json(mountpoint: Path, env: dict[str, str]) -> dict[str, Any]:
 def read_dropping_page_cache(path: Path) -> bytes:
     """Read through a new open, after telling the kernel to drop the file's cached pages, so
     the reads reach the daemon (drop_caches needs privileges a container may not have)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path)
     with open(path, "rb", buffering=0) as f:
         return f.read()
 

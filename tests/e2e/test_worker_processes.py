@@ -27,6 +27,7 @@ from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
 from tests.e2e.test_operations import free_port, scrape
 from tests.helpers.mount import MountedDaemon, daemon_stats, is_mounted
+from tests.helpers.page_cache import drop_page_cache
 from tests.helpers.synthetic_reads import read_whole, wrong_files
 
 pytestmark = pytest.mark.fuse
@@ -383,7 +384,7 @@ def test_the_memory_settings_bound_the_whole_tree(two_processes) -> None:
     baseline = sum(psutil.Process(pid).memory_info().rss for pid in _tree(daemon.pid))
     for _ in range(2):
         _check_large_file(daemon.mountpoint)
-        subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+        drop_page_cache(daemon.mountpoint / LARGE)
     ram = daemon_stats(daemon)["blocks"]["ram"]
     assert ram["capacity_bytes"] == budget  # the processes' shares, summed
     assert 0 < ram["used_bytes"] <= budget
