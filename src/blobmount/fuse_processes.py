@@ -98,12 +98,16 @@ def answer_init(on_init: Callable[[Callable[[], None]], None], timeout_s: float 
         raise RuntimeError(f"threads still running after INIT, cannot fork: {names}")
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent dies."""
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent (pid `parent`, taken before the
+    fork) dies, and die now if it died before the signal was set: the kernel sends it only for
+    a death after the prctl, and an orphan would otherwise serve on with nobody to stop it."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def clone_session_fd() -> None:
@@ -156,12 +160,13 @@ class Zygote:
     def start(self) -> None:
         """Fork the zygote (call while this process has no other thread)."""
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the zygote
             os.close(read_end)
             status = 1
             try:
-                die_with_parent()
+                die_with_parent(parent)
                 status = _ZygoteLoop(self.count, self._run_worker, write_end).run()
             except BaseException:
                 log.exception("the worker zygote failed")
@@ -206,13 +211,13 @@ class Zygote:
         return status
 
 
-def become_worker() -> None:
-    """What a new worker does before serving: default signal handling, die with the zygote,
-    its own clone of the device fd."""
+def become_worker(zygote: int) -> None:
+    """What a new worker does before serving: default signal handling, die with the zygote
+    (pid `zygote`), its own clone of the device fd."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
-    die_with_parent()
+    die_with_parent(zygote)
     clone_session_fd()
 
 
@@ -245,12 +250,13 @@ class _ZygoteLoop:
         return 0
 
     def _fork(self, index: int) -> None:
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
             status = 1
             try:
                 os.close(self._events_fd)
-                become_worker()
+                become_worker(zygote)
                 status = self._run_worker(index)
             except BaseException:
                 log.exception("worker %d failed", index)
