@@ -324,7 +324,7 @@ def test_a_disk_filled_by_someone_else_does_not_fail_reads(dataset, small_disk, 
     cache = small_disk / "cache"
     daemon = mount_with_cache(mount_factory, container, cache, DATASET_RESERVED_FREE_DISK_SPACE="0")
     assert read_file(daemon.mountpoint / "medium.bin")[0] == digests["medium.bin"]
-    wait_written(daemon)
+    pruned_before = wait_written(daemon)["disk"]["space"]["pruned_entries"]
     # another process takes every byte that is left
     with open(small_disk / "filler", "wb") as filler:
         try:
@@ -336,10 +336,17 @@ def test_a_disk_filled_by_someone_else_does_not_fail_reads(dataset, small_disk, 
     for i in range(2):
         assert read_file(daemon.mountpoint / f"parts/part{i}.bin")[0] == digests["quarter"]
     s = wait_written(daemon)
-    writer = s["disk"]["writer"]
-    assert writer["dropped_no_space"] + writer["failed"] > 0
+    writer, space = s["disk"]["writer"], s["disk"]["space"]
+    # the cache met the full disk: it skipped writes, or it made room by removing its own
+    # entries (medium.bin's); which of the two a process does first depends on whether its
+    # pass or another process's write came first
+    skipped = writer["dropped_no_space"] + writer["failed"]
+    assert skipped > 0 or space["pruned_entries"] > pruned_before, s["disk"]
     log = daemon.log()
-    assert log.count("is full") == 1, log[-5000:]
+    # said once per process that found the disk full, not once per write
+    assert log.count("is full") <= PROCESSES, log[-5000:]
+    if skipped:
+        assert log.count("is full") >= 1, log[-5000:]
     assert "ERROR" not in log
 
 
