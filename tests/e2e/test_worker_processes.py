@@ -368,7 +368,8 @@ def test_a_killed_main_process_leaves_no_worker(two_processes) -> None:
     )
     assert result.returncode == 0, result.stderr
     # the next multi-process mount removes the shared folder of a mount whose process is gone
-    assert _shared_folders(daemon.pid) != []
+    # (a mount of a test in the other xdist process may already have: tests/unit/
+    # test_shared_folder.py shows the removal on its own)
     two_processes("again")
     assert _shared_folders(daemon.pid) == []
 
