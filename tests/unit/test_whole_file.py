@@ -21,6 +21,7 @@ import trio.testing
 from blobmount.blocks.inline_reads import InlineReadGate
 from blobmount.blocks.keys import BlobVersion
 from blobmount.blocks.manager import BlockManager, BlockManagerConfig
+from blobmount.cachedir import unnamed
 from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.cachedir.space import SpaceConfig
 from blobmount.download_mode.transfer import TransferError
@@ -658,28 +659,38 @@ async def test_a_blob_changed_since_the_listing_fails_the_open(tmp_path):
     assert temporaries(tmp_path) == []
 
 
-async def test_a_failed_write_leaves_no_entry_and_the_open_still_reads(tmp_path, monkeypatch):
-    # the disk fails between writing the temporary and renaming it (as a crash there would
-    # stop): no file may be left under the final name, nor a temporary
+@pytest.mark.parametrize("publish", ["unnamed", "temporary"])
+async def test_a_failed_write_leaves_no_entry_and_the_open_still_reads(
+    tmp_path, monkeypatch, publish
+):
+    # the disk fails as the whole file is to get its final name (as a crash there would stop
+    # it): no file may be left under the final name, nor a temporary. "unnamed": an O_TMPFILE
+    # file whose link fails; "temporary": where the file system has no O_TMPFILE, a named
+    # temporary whose rename fails
     mem = InMemoryStorageClient()
     data = pattern_bytes("w.bin", 0, 40_000)
     mem.put("w.bin", data)
-    renames: list[str] = []
+    named: list[str] = []
 
-    def failing_rename(src, dst):
-        renames.append(os.fspath(dst))
+    def failing_publish(src, dst, **kwargs):
+        named.append(os.fspath(dst))
         raise OSError(errno.EIO, "injected I/O error")
 
     storage = CountingStorageClient(mem)
     async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
         assert cache is not None
-        monkeypatch.setattr(wholefile_entries.os, "rename", failing_rename)
+        if publish == "unnamed":
+            assert unnamed.usable()
+            monkeypatch.setattr(unnamed.os, "link", failing_publish)
+        else:
+            monkeypatch.setattr(unnamed, "_usable", False)
+            monkeypatch.setattr(wholefile_entries.os, "rename", failing_publish)
         copy = await cache.open(version(mem, "w.bin"))
         reader = WholeFileReader(cache, copy)
         with trio.fail_after(5):
             await cache.writer.settled()
         assert not copy.writing
-        assert renames == [cache.path(version(mem, "w.bin"))]
+        assert named == [cache.path(version(mem, "w.bin"))]
         assert entries(tmp_path) == []
         assert temporaries(tmp_path) == []
         # the handle keeps reading the checked bytes it has

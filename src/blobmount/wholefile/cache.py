@@ -4,7 +4,8 @@ and every read of it is then served from that local copy.
 Entries live under the cache directory's ``files/`` kind (see `cachedir.layout`): the entry name
 is a hash of (blob name, ETag), so a new version of a blob is a new entry and an entry's bytes
 never change. A file under its final name is always a whole, verified version: it is written to
-a temporary name and renamed, after its bytes matched the blob's Content-MD5 when it has one.
+an unnamed file (or a temporary name) and named only once whole, after its bytes matched the
+blob's Content-MD5 when it has one (`entries`).
 
 An open that downloads costs one storage request per part and nothing else (`wholefile.fetch`):
 the first GET's answer, pinned to the version, also gives the blob's size and Content-MD5. Three
@@ -12,7 +13,7 @@ sizes, three paths:
 
 - up to `MEMORY_MAX_BYTES` (and one part): one GET into memory, in the task of the open that
   starts it, checked, and the opens waiting for it are answered at once from those bytes; only
-  then is the entry written and renamed, by the writer (`writer`: on the trio thread while the
+  then is the entry written and named, by the writer (`writer`: on the trio thread while the
   disk answers fast, else in a thread of its own). The transfer slot is held until the write
   lands, so bytes waiting for the disk stay within `download_slots * MEMORY_MAX_BYTES`; the
   write runs even at unmount (it is short), so a file read once is cached.
@@ -65,7 +66,7 @@ from typing import Any, TypeVar
 import trio
 from cachetools import LRUCache
 
-from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate
+from blobmount.blocks.inline_reads import INLINE_MAX_BYTES, InlineReadGate, InlineReadStats
 from blobmount.blocks.keys import BlobVersion
 from blobmount.cachedir.layout import CacheLayout, entry_file, temporary_name
 from blobmount.cachedir.pruner import Pruner, PrunerConfig, PrunerStats
@@ -129,6 +130,11 @@ class WholeFileStats:
     #: copies opened from an entry another process of the mount downloaded (several processes)
     other_process_copies: int
     space: PrunerStats
+    #: entry opens and small entries' writes done on the trio thread (and the times the disk
+    #: was found slow, which sends them to threads for a while)
+    in_place: InlineReadStats
+    #: small entries written by the writer's thread (the disk was slow, or at unmount)
+    thread_writes: int
 
 
 class LocalCopy:
@@ -765,6 +771,8 @@ class WholeFileCache:
             open_copies=sum(1 for copy in self._open.values() if copy.users > 0),
             other_process_copies=self._other_process_copies,
             space=self.pruner.statistics(),
+            in_place=self._in_place.statistics(),
+            thread_writes=self.writer.written_in_thread,
         )
 
 

@@ -1,8 +1,9 @@
 """Blocking file operations on whole-file cache entries.
 
 Each runs in a worker thread, or on the trio thread while the disk answers fast (see
-`WholeFileCache`). An entry is written under a temporary name in its own folder
-(`cachedir.layout.temporary_name`) and renamed only once complete, so a final name never holds a
+`WholeFileCache`). An entry is written as an unnamed file linked under its final name once complete
+(`cachedir.unnamed`), or where the file system cannot, under a temporary name in its own folder
+(`cachedir.layout.temporary_name`) renamed once complete. Either way a final name never holds a
 partial file, and a crash leaves at most a temporary, which the next scan removes.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 import logging
 import os
 
+from blobmount.cachedir import unnamed
 from blobmount.cachedir.layout import allocated_bytes, free_bytes, temporary_name
 
 log = logging.getLogger(__name__)
@@ -42,21 +44,16 @@ def open_entry(path: EntryPath) -> tuple[int, int] | None:
 
 
 def write_entry(path: str, data: bytes) -> tuple[int, int, int | None]:
-    """Write `data` as the entry `path`, through a temporary renamed into place.
+    """Write `data` as the entry `path` (`_publish`).
 
     Returns (an fd reading the new entry, the bytes it occupies, free bytes left on the disk or
     None if unknown). Raises OSError with nothing left behind: no temporary, no entry.
     """
-    tmp, fd = _new_temporary(path)
+    fd = _publish(path, data)
     try:
-        _write_all(fd, data)
         occupied = allocated_bytes(os.fstat(fd))
-        # the fd stays valid across the rename: it reads the entry without another open
-        os.rename(tmp, path)
     except BaseException:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise
     free: int | None = None
     with contextlib.suppress(OSError):
@@ -66,19 +63,36 @@ def write_entry(path: str, data: bytes) -> tuple[int, int, int | None]:
 
 def put_entry(path: str, data: bytes) -> None:
     """`write_entry` for a caller that needs nothing back: four system calls (create, write,
-    close, rename), the fewest an entry can be published with (`cachedir.layout.atomic_write`
-    adds an fstat for the size, one call more on the trio thread, where deferred writes run)."""
-    tmp, fd = _new_temporary(path)
-    try:
+    publish, close), the fewest an entry can be published with; `write_entry` adds an fstat
+    and a statfs, which the deferred writes on the trio thread do without."""
+    os.close(_publish(path, data))
+
+
+def _publish(path: str, data: bytes) -> int:
+    """Write `data` to a new file that appears under the name `path` only once whole: an
+    unnamed file linked into place (`cachedir.unnamed`), or where the file system has none, a
+    temporary renamed over it. Returns an fd reading it. Raises OSError with no new name left.
+    """
+    fd = unnamed.open_unnamed(os.path.dirname(path))
+    if fd is not None:
         try:
             _write_all(fd, data)
-        finally:
-            os.close(fd)
+            unnamed.link_into_place(fd, path)
+        except BaseException:
+            os.close(fd)  # never linked: the kernel frees it
+            raise
+        return fd
+    tmp, fd = _new_temporary(path)
+    try:
+        _write_all(fd, data)
+        # the fd stays valid across the rename: it reads the entry without another open
         os.rename(tmp, path)
     except BaseException:
+        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    return fd
 
 
 def _new_temporary(path: str) -> tuple[str, int]:

@@ -2,7 +2,7 @@
 their entries after the opens that wanted them were answered.
 
 Where: on the trio thread while the disk answers fast, in a thread of its own otherwise.
-Creating, writing, closing and renaming a small file is four system calls, about 0.04 ms here.
+Creating, writing, naming and closing a small file is four system calls, about 0.04 ms here.
 While the storage client's requests ran on an asyncio thread, each of those calls let that
 thread take the GIL, so a write on the trio thread held up the FUSE loop for 0.3-0.4 ms and the
 writes went to this thread. That thread is gone (storage/http1.py), and the handoffs are now the
@@ -22,7 +22,7 @@ no such moment, a batch waits at most `MAX_DEFER_S` or until `MAX_DEFERRED` writ
 (each holds its bytes in memory and its room in the cache) and is written then.
 
 The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
-so an entry is only ever written from checked bytes, through a temporary renamed into place
+so an entry is only ever written from checked bytes, and named only once whole
 (`entries.put_entry`). `settled()` waits until every write submitted so far has landed; at
 unmount, what is queued is still written (each write is short).
 """
@@ -111,6 +111,9 @@ class EntryWriter:
         self._pending = 0
         self._idle = trio.Event()
         self._idle.set()
+        #: entries written on the trio thread, and by the writer's thread
+        self.written_in_place = 0
+        self.written_in_thread = 0
 
     @property
     def busy(self) -> bool:
@@ -182,7 +185,7 @@ class EntryWriter:
                     write_batch(batch)
                 except Exception:  # a bug: land the batch (as skipped) rather than hang
                     log.exception("whole-file cache: the entry writer failed")
-                token.run_sync_soon(self._land, batch)
+                token.run_sync_soon(self._land_from_thread, batch)
             if stop:
                 return
 
@@ -204,7 +207,12 @@ class EntryWriter:
             gate.record(time.monotonic() - started)
             done.append(item)
         if done:
+            self.written_in_place += len(done)
             self._land(done)
+
+    def _land_from_thread(self, batch: list[EntryWrite]) -> None:
+        self.written_in_thread += len(batch)
+        self._land(batch)
 
     def _land(self, batch: list[EntryWrite]) -> None:
         """(trio thread) A batch is done: tell the cache about each write."""
