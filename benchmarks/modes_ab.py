@@ -1,12 +1,13 @@
 """Block mode against whole-file mode on cold small files, rounds alternated (issue #29).
 
     python benchmarks/modes_ab.py [--files N] [--rounds R] [--readers T] [--old-src SRC]
-                                  [--cache-root DIR] [--rclone]
+                                  [--old-block] [--cache-root DIR] [--rclone]
 
 The benchmark's small-file dataset (N files, 20-30 KB) sits in one Azurite. Each round mounts
 it afresh once per system, with an empty cache: `block` (scenario 3's settings: no disk cache,
 RAM tier 0), `whole` (the same in whole-file mode), and with `--old-src` also `whole-old`, the
-whole-file mode of another `src` folder (a before/after of a change), and with `--rclone` also
+whole-file mode of another `src` folder (a before/after of a change; `--old-block` adds
+`block-old`, its block mode), and with `--rclone` also
 `rclone-off` (the peer, `rclone mount --vfs-cache-mode off`, as run.py sets it up: issue #25's
 "few readers at least rclone-off's rate", measured in alternated rounds). The systems take turns in
 alternating order (a, b, c, c, b, a, ...); each round reads 100 files to settle the mount, drops
@@ -87,14 +88,36 @@ def one_round(
     return n / wall, 1000 * (user1 - user0) / n, 1000 * (sys1 - sys0) / n
 
 
+def entry_writes(system: BlobmountSystem | RcloneSystem, daemon: MountedDaemon) -> str:
+    """Where a whole-file mount wrote its entries (on the trio thread or in the writer's
+    thread, and how often the disk was found slow), for the round's line; "" otherwise."""
+    if not isinstance(system, BlobmountSystem):
+        return ""
+    stats = system.stats(daemon)
+    whole = (stats or {}).get("whole_file")
+    if not whole or "in_place" not in whole:  # block mode, or a version without the figures
+        return ""
+    in_place = whole["in_place"]
+    return (
+        f"; entries: {in_place['reads']} in place, {whole['thread_writes']} in a thread, "
+        f"{in_place['slow_reads']} slow spells"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--readers", type=int, default=1)
     parser.add_argument("--old-src", type=Path, help="also whole-file mode of this src folder")
+    parser.add_argument(
+        "--old-block", action="store_true", help="with --old-src, also its block mode"
+    )
     parser.add_argument("--cache-root", type=Path, help="make the cache folders in here")
     parser.add_argument("--rclone", action="store_true", help="also rclone mount, cache off")
+    parser.add_argument(
+        "--only", metavar="TAGS", help="run only these systems (comma-separated tags)"
+    )
     args = parser.parse_args(argv)
     if args.files <= SETTLE_FILES:
         parser.error(f"--files must be more than {SETTLE_FILES}")
@@ -108,8 +131,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.old_src} is not a src folder with blobmount in it")
         systems["whole-old"] = BlobmountSystem(whole_file=True)
         sources["whole-old"] = args.old_src.resolve()
+        if args.old_block:
+            systems["block-old"] = BlobmountSystem()
+            sources["block-old"] = args.old_src.resolve()
+    elif args.old_block:
+        parser.error("--old-block needs --old-src")
     if args.rclone:
         systems["rclone-off"] = RcloneSystem("off")
+    if args.only:
+        wanted = args.only.split(",")
+        if unknown := set(wanted) - set(systems):
+            parser.error(f"--only: no such system {sorted(unknown)} (have {sorted(systems)})")
+        systems = {tag: systems[tag] for tag in wanted}
     results: dict[str, list[tuple[float, float, float]]] = {tag: [] for tag in systems}
     with ExitStack() as stack:
         datasets = Datasets(dataclasses.replace(QUICK, small_file_count=args.files))
@@ -125,17 +158,19 @@ def main(argv: list[str] | None = None) -> int:
                         daemon.env["PYTHONPATH"] = str(sources[tag])
                     with daemon:
                         rate, user, system = one_round(daemon, files, order, args.readers)
+                        where = entry_writes(systems[tag], daemon)
                 results[tag].append((rate, user, system))
                 print(
                     f"round {r} {tag}: {rate:6.0f} files/s, CPU user {user:.3f} "
-                    f"system {system:.3f} ms/file",
+                    f"system {system:.3f} ms/file{where}",
                     flush=True,
                 )
-    block_rate = statistics.median(row[0] for row in results["block"])
+    first = next(iter(results))
+    base = statistics.median(row[0] for row in results[first])
     for tag, rows in results.items():
         rate, user, system = (statistics.median(row[i] for row in rows) for i in range(3))
         print(
-            f"{tag}: median {rate:.0f} files/s ({rate / block_rate:.2f} of block), CPU user "
+            f"{tag}: median {rate:.0f} files/s ({rate / base:.2f} of {first}), CPU user "
             f"{user:.3f} system {system:.3f} ms/file"
         )
     return 0
