@@ -26,6 +26,7 @@ from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.mount import daemon_stats as stats
 from tests.helpers.page_cache import drop_page_cache
+from tests.helpers.page_cache import drop_pages as drop_fd_pages
 from tests.helpers.single_process import FETCHES_PER_PROCESS, PROCESSES
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
@@ -83,11 +84,15 @@ def wait_written(daemon, timeout_s: float = 120.0, blocks: int | None = None) ->
         time.sleep(0.05)
 
 
-def read_file(path: Path) -> tuple[str, float]:
-    """(sha256, seconds) of reading the whole file through a new handle."""
+def read_file(path: Path, *, drop_pages: bool = False) -> tuple[str, float]:
+    """(sha256, seconds) of reading the whole file through a new handle; `drop_pages`: its
+    pages are dropped from the kernel's cache first, through that handle, so the reads reach
+    the daemon."""
     h = hashlib.sha256()
     started = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
+        if drop_pages:
+            drop_fd_pages(f.fileno())
         while chunk := f.read(MiB):
             h.update(chunk)
     return h.hexdigest(), time.perf_counter() - started

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from blobmount.testing.pattern import pattern_bytes
-from tests.e2e.test_disk_tier import METADATA_SLACK, drop_page_cache, du, read_file, stats
+from tests.e2e.test_disk_tier import METADATA_SLACK, du, read_file, stats
 from tests.helpers.fault_proxy import stall
 from tests.helpers.mount import is_mounted
 from tests.helpers.single_process import FETCHES_PER_PROCESS
@@ -72,9 +72,9 @@ def run_warm(*args: object, env: dict[str, str], as_json: bool = True):
 
 def read_all(mountpoint: Path, digests: dict[str, str], names) -> None:
     for name in names:
-        path = mountpoint / name
-        drop_page_cache(path)  # the read must reach the daemon
-        assert read_file(path)[0] == digests[name], name
+        # the read must reach the daemon: pages dropped through the reading handle (an open of
+        # its own would start a one-block file's GET for nothing)
+        assert read_file(mountpoint / name, drop_pages=True)[0] == digests[name], name
 
 
 # -- block mode ---------------------------------------------------------------------------------

@@ -442,3 +442,94 @@ async def test_a_reader_carrying_on_into_another_part_gets_read_ahead_back(nurse
     # read-ahead stopped; after that it reads ahead again
     waits = mgr.statistics().storage_waits - before
     assert waits <= 4, waits
+
+
+# -- a one-block file's GET started at its open ----------------------------------------------
+
+
+def make_small(nursery, *, size=25_000, budget=64 * B, ram=0):
+    mem = InMemoryStorageClient()
+    data = pattern_bytes("small", 0, size)
+    props = mem.put("small", data)
+    storage = RecordingStorage(mem, B)
+    mgr = BlockManager(storage, BlockManagerConfig(B, 32, 4, ram, budget), nursery)
+    return storage, mgr, BlobVersion(props.name, props.etag, props.size), data
+
+
+@pytest.mark.parametrize("lands", ["before the read", "during the read"])
+async def test_a_fetch_at_open_serves_the_read_with_its_one_get(nursery, lands):
+    storage, mgr, version, data = make_small(nursery)
+    if lands == "during the read":
+        storage.gate = trio.Event()  # the GET is held until the read waits on it
+    h = mgr.open(version)
+    assert mgr.fetch_at_open(h)
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.gets == [(0, 1)]  # on the wire before any read
+    if lands == "during the read":
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: storage.gate.wait())
+            result: list[object] = []
+
+            async def read():
+                result.append(bytes(await mgr.read(h, 0, 128 * 1024)))
+
+            n.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not result
+            storage.gate.set()
+        assert result == [data]
+    else:
+        assert bytes(await mgr.read(h, 0, 128 * 1024)) == data
+        assert bytes(await mgr.read(h, 100, 10)) == data[100:110]  # kept for later reads
+    assert storage.gets == [(0, 1)]
+    stats = mgr.statistics()
+    assert stats.prefetch_used == 1
+    assert stats.prefetch_wasted == 0
+    mgr.close(h)
+    assert mgr.statistics().read_ahead_bytes == 0  # its bytes given back to the budget
+
+
+async def test_a_fetch_at_open_of_a_handle_closed_unread_is_wasted_and_given_back(nursery):
+    storage, mgr, version, _ = make_small(nursery)
+    h = mgr.open(version)
+    assert mgr.fetch_at_open(h)
+    await trio.testing.wait_all_tasks_blocked()
+    assert mgr.statistics().read_ahead_bytes == version.size
+    mgr.close(h)
+    stats = mgr.statistics()
+    assert stats.read_ahead_bytes == 0
+    assert stats.prefetch_wasted == 1
+
+
+async def test_no_fetch_at_open_for_files_of_several_blocks_empty_files_or_no_budget(nursery):
+    storage, mgr, version, _ = make_small(nursery, size=B + 1)
+    assert not mgr.fetch_at_open(mgr.open(version))  # a first read may be anywhere
+    storage, mgr, version, _ = make_small(nursery, size=0)
+    assert not mgr.fetch_at_open(mgr.open(version))
+    storage, mgr, version, _ = make_small(nursery, budget=1000)
+    assert not mgr.fetch_at_open(mgr.open(version))  # no room in the read-ahead budget
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.gets == []
+
+
+async def test_no_fetch_at_open_of_a_block_in_the_ram_tier(nursery):
+    storage, mgr, version, data = make_small(nursery, ram=1 << 20)
+    first = mgr.open(version)
+    assert bytes(await mgr.read(first, 0, B)) == data
+    mgr.close(first)
+    assert not mgr.fetch_at_open(mgr.open(version))
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.gets == [(0, 1)]
+
+
+async def test_a_failed_fetch_at_open_leaves_the_read_to_fetch_again(nursery):
+    storage, mgr, version, data = make_small(nursery)
+    storage.fail = StorageUnavailable("injected")
+    h = mgr.open(version)
+    assert mgr.fetch_at_open(h)
+    await trio.testing.wait_all_tasks_blocked()
+    storage.fail = None
+    assert bytes(await mgr.read(h, 0, B)) == data
+    assert storage.gets == [(0, 1), (0, 1)]
+    mgr.close(h)
+    assert mgr.statistics().read_ahead_bytes == 0

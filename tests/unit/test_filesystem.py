@@ -249,6 +249,30 @@ async def test_two_versions_open_at_once_never_share_the_kernel_page_cache(nurse
     assert (last.keep_cache, last.direct_io) == (True, False)
 
 
+async def test_a_first_open_of_a_small_file_starts_its_get_and_a_reopen_does_not(nursery):
+    # the kernel holds no page of an inode opened for the first time, so its READ will come:
+    # the GET goes out with the open. Once opened, the kernel may serve reads from its page
+    # cache (keep_cache), and a GET at the open could be for nothing.
+    mem = store()
+    storage = CountingStorageClient(mem)
+    blocks = BlockManager(storage, BlockManagerConfig(B, 4, 4, 0, 16 * B), nursery)
+    fs = BlobFilesystem(storage, blocks, FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, B))
+    node = await fs.lookup(ROOT_INODE, "top.txt")
+    first = await fs.open(node.inode, os.O_RDONLY)
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.range_requests == 1  # before any read
+    assert await fs.read(first.fh, 0, 4096) == b"top"
+    assert storage.range_requests == 1
+    fs.release(first.fh)
+    again = await fs.open(node.inode, os.O_RDONLY)
+    await trio.testing.wait_all_tasks_blocked()
+    assert storage.range_requests == 1
+    assert await fs.read(again.fh, 0, 4096) == b"top"  # the kernel's pages were dropped
+    assert storage.range_requests == 2
+    fs.release(again.fh)
+    assert blocks.statistics().read_ahead_bytes == 0
+
+
 async def test_new_blob_appears_after_ttl(nursery, autojump_clock):
     mem = store()
     fs, _ = make_fs(nursery, mem, ttl_s=1.0)

@@ -56,6 +56,7 @@ class ReadAssembler:
         # bound once: a read calls them as it would its own methods
         self._on_read = scheduler.on_read
         self._retain = scheduler.retain
+        self._fetch_first = scheduler.fetch_at_open
         self._reads = 0
         self._bytes_served = 0
         self._buffer_hits = 0
@@ -96,6 +97,18 @@ class ReadAssembler:
             out = b"".join(parts)
         self._bytes_served += len(out)
         return out
+
+    def fetch_at_open(self, handle: BlockHandle) -> bool:
+        """Start the GET of a one-block file as it is opened (`ReadAheadScheduler.
+        fetch_at_open`), unless the block is here already (hinted, in the RAM tier) or the
+        file is empty. True if it started."""
+        version = handle.version
+        if version.size == 0:
+            return False
+        key = BlockKey(version.name, version.etag, 0)
+        if key in self._hinted or key in self._ram:
+            return False
+        return self._fetch_first(handle)
 
     async def _block(self, handle: BlockHandle, index: int) -> bytes:
         data = handle.buffer.get(index)

@@ -166,6 +166,17 @@ class BlockFetcher:
             fetch = self._start(key, version, urgent=False, hint_slots=hint_slots)
         fetch.listeners.append(listener)
 
+    def fetch_soon(self, key: BlockKey, version: BlobVersion, listener: Listener) -> None:
+        """Fetch a block a read is about to want, as that read would (no queue for a prefetch
+        slot), calling `listener` as `prefetch` does; one already in flight is joined."""
+        fetch = self._in_flight.get(key)
+        if fetch is None:
+            fetch = self._start(key, version, urgent=True)
+        elif not fetch.urgent:
+            self._promoted += 1
+            fetch.promote()
+        fetch.listeners.append(listener)
+
     def prefetch_adjacent(
         self, version: BlobVersion, first: int, listeners: Sequence[Listener]
     ) -> None:

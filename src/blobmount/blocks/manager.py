@@ -87,6 +87,8 @@ class BlockManager:
     open: Callable[[BlobVersion], BlockHandle]
     #: ReadAheadScheduler.close: give back everything the handle holds (idempotent)
     close: Callable[[BlockHandle], None]
+    #: ReadAssembler.fetch_at_open: start a one-block file's GET as it is opened
+    fetch_at_open: Callable[[BlockHandle], bool]
 
     def __init__(
         self,
@@ -123,6 +125,7 @@ class BlockManager:
         self.read = self.assembler.read
         self.open = self.scheduler.open
         self.close = self.scheduler.close
+        self.fetch_at_open = self.assembler.fetch_at_open
 
     # -- hints (the coordinator's Prefetcher) ----------------------------------------------
 

@@ -100,6 +100,34 @@ class ReadAheadScheduler:
         self.open_handles.add(handle)
         return handle
 
+    def fetch_at_open(self, handle: BlockHandle) -> bool:
+        """Start fetching the one block of a one-block file as it is opened, into the handle's
+        buffer (its bytes count in the read-ahead budget until the handle drops them): the GET
+        is then on the wire while the kernel answers the open and sends the READ, which any
+        read of such a file is. False (nothing started) if the budget has no room for it."""
+        version = handle.version
+        if handle.policy.block_total != 1 or handle.buffer or handle.pending:
+            return False
+        if not self._budget.try_reserve(version.size):
+            return False
+        handle.pending.add(0)
+        self._started += 1
+
+        def landed(data: bytes | None, error: Exception | None) -> None:
+            handle.pending.discard(0)
+            if data is None or handle.closed or 0 in handle.buffer:
+                # a failure: the read meets it itself, and retries
+                self._budget.release(version.size)
+                if data is not None and handle.closed:
+                    self._wasted += 1
+                return
+            # kept whatever the read-ahead policy says: the handle has not read yet
+            handle.buffer[0] = data
+            handle.prefetched.add(0)
+
+        self._fetcher.fetch_soon(BlockKey(version.name, version.etag, 0), version, landed)
+        return True
+
     def close(self, handle: BlockHandle) -> None:
         if handle.closed:
             return

@@ -30,6 +30,11 @@ class BlockReader:
     def close(self) -> None:
         self._manager.close(self._handle)
 
+    def fetch_at_open(self) -> bool:
+        """Start the GET of a one-block file now, before its READ comes (see
+        `ReadAheadScheduler.fetch_at_open`)."""
+        return self._manager.fetch_at_open(self._handle)
+
     @property
     def shelved(self) -> bool:
         """Whether the file's hinted blocks are on the main process's shelf
