@@ -194,7 +194,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
             (
                 *("served_bytes", "cached_opens", "shared_opens", "downloads"),
                 *("downloaded_bytes", "failed_downloads", "fallbacks", "corrupt"),
-                *("other_process_copies", "thread_writes"),
+                *("other_process_copies", "thread_writes", "preloaded_opens"),
             ),
             _C,
         ),

@@ -21,7 +21,7 @@ from blobmount.cachedir.layout import TEMP_PREFIX, CacheLayout
 from blobmount.testing.pattern import pattern_bytes
 from tests.helpers.fault_proxy import server_error
 from tests.helpers.mount import daemon_stats as stats
-from tests.helpers.single_process import FETCHES_PER_PROCESS
+from tests.helpers.single_process import FETCHES_PER_PROCESS, PAGE_CACHE_AT_OPEN
 from tests.helpers.sqlite_db import sqlite_bytes
 
 pytestmark = [pytest.mark.fuse, pytest.mark.azurite]
@@ -30,6 +30,8 @@ MiB = 1024 * 1024
 BIG = 300 * 1000 * 1000  # the "300 MB file"
 PART = 8 * MiB  # whole-file downloads use 8 MiB ranged GETs
 WHOLE = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}
+#: small files, held in memory while open (up to 256 KiB)
+SMALL = {f"small/{i}.bin": pattern_bytes(f"small-{i}", 0, 5_000 + 9_000 * i) for i in range(12)}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,7 @@ def dataset(azurite, tmp_path_factory):
             ("big.bin", big),
             ("medium.bin", pattern_bytes("whole-medium", 0, 40 * MiB)),
             ("db/data.sqlite", db),
+            *SMALL.items(),
         ],
         threads=3,
     )
@@ -60,6 +63,33 @@ def cache_files(cache_dir) -> tuple[list[str], list[str]]:
     entries = [os.path.basename(e.path) for e in CacheLayout(cache_dir).entries()]
     temps = [n for _, _, names in os.walk(cache_dir) for n in names if n.startswith(TEMP_PREFIX)]
     return entries, temps
+
+
+@PAGE_CACHE_AT_OPEN
+def test_small_files_are_read_from_the_page_cache_their_open_filled(dataset, mount_factory):
+    # each small file's bytes go into the kernel's page cache with its open: its reads, in
+    # pieces and at offsets, are answered by the kernel, with no READ to the daemon (which
+    # would count its bytes as served a second time)
+    daemon = mount_factory(dataset, env=WHOLE)
+    for name, data in SMALL.items():
+        fd = os.open(daemon.mountpoint / name, os.O_RDONLY)
+        try:
+            pieces = []
+            while piece := os.read(fd, 4096):
+                pieces.append(piece)
+            assert b"".join(pieces) == data, name
+            assert os.pread(fd, 100, len(data) // 2) == data[len(data) // 2 :][:100]
+        finally:
+            os.close(fd)
+    whole = stats(daemon)["whole_file"]
+    assert whole["preloaded_opens"] == whole["downloads"] == len(SMALL)
+    assert whole["served_bytes"] == sum(len(d) for d in SMALL.values())
+    # a second read of each (its handle closed, the pages kept) is the kernel's too
+    for name, data in SMALL.items():
+        assert (daemon.mountpoint / name).read_bytes() == data
+    again = stats(daemon)["whole_file"]
+    assert again["served_bytes"] == whole["served_bytes"]
+    assert again["preloaded_opens"] == len(SMALL)
 
 
 @FETCHES_PER_PROCESS

@@ -21,3 +21,8 @@ LISTS_PER_PROCESS = pytest.mark.single_process(
     "each process keeps its own catalog (pages, walks), and the start-up check's list request "
     "is made in a child: counts differ"
 )
+#: a small file's bytes go into the kernel's page cache with its first open only where one
+#: process answers every request: in a multi-process mount its READ may come to another
+PAGE_CACHE_AT_OPEN = pytest.mark.single_process(
+    "a small file's bytes are stored in the kernel's page cache at its open only with one process"
+)

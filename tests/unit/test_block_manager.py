@@ -533,3 +533,17 @@ async def test_a_failed_fetch_at_open_leaves_the_read_to_fetch_again(nursery):
     assert storage.gets == [(0, 1), (0, 1)]
     mgr.close(h)
     assert mgr.statistics().read_ahead_bytes == 0
+
+
+async def test_no_fetch_at_open_of_a_block_already_in_flight(nursery):
+    storage, mgr, version, data = make_small(nursery)
+    storage.gate = trio.Event()
+    first = mgr.open(version)
+    assert mgr.fetch_at_open(first)
+    second = mgr.open(version)
+    assert not mgr.fetch_at_open(second)  # its read joins the GET on the wire
+    storage.gate.set()
+    assert bytes(await mgr.read(second, 0, B)) == data
+    assert storage.gets == [(0, 1)]
+    mgr.close(first)
+    mgr.close(second)

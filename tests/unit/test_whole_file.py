@@ -416,6 +416,45 @@ async def test_the_filesystem_open_of_a_small_file_is_one_get(nursery, tmp_path)
             assert requests(storage) == (before[0], before[1], before[2] + cold)
 
 
+async def test_a_first_open_of_a_small_file_hands_its_bytes_for_the_kernels_page_cache(
+    nursery, tmp_path
+):
+    # the inode's first open: the kernel holds none of its pages, and gets them all with the
+    # open (fuse_ops stores them), so its reads need no READ. A reopen, a file too big to be
+    # held in memory, and block mode hand nothing.
+    mem = InMemoryStorageClient()
+    small = pattern_bytes("s", 0, 25_000)
+    mem.put("s.bin", small)
+    mem.put("big.bin", pattern_bytes("big", 0, 300_000))  # above MEMORY_MAX_BYTES
+    storage = CountingStorageClient(mem)
+    b = 64 * 1024
+    blocks = BlockManager(storage, BlockManagerConfig(b, 4, 4, 4 * b, 16 * b), nursery)
+    cfg = FsConfig("", None, 1000, 1000, 0o444, 0o555, 1.7e9, b)
+    async with open_whole_file_cache(storage, config(tmp_path), LOC) as cache:
+        assert cache is not None
+        fs = BlobFilesystem(storage, blocks, cfg, cache)
+        node = await fs.lookup(ROOT_INODE, "s.bin")
+        first = await fs.open(node.inode, os.O_RDONLY)
+        assert first.preload == small
+        assert first.keep_cache  # or the open's answer would drop the stored pages
+        assert cache.statistics().preloaded_opens == 1
+        assert cache.served_bytes == len(small)
+        again = await fs.open(node.inode, os.O_RDONLY)  # the kernel may hold its pages
+        assert again.preload is None
+        fs.release(first.fh)
+        fs.release(again.fh)
+        big = await fs.lookup(ROOT_INODE, "big.bin")
+        opened = await fs.open(big.inode, os.O_RDONLY)
+        assert opened.preload is None
+        fs.release(opened.fh)
+        assert cache.statistics().preloaded_opens == 1
+    block_fs = BlobFilesystem(storage, blocks, cfg)
+    node = await block_fs.lookup(ROOT_INODE, "s.bin")
+    opened = await block_fs.open(node.inode, os.O_RDONLY)
+    assert opened.preload is None
+    block_fs.release(opened.fh)
+
+
 async def test_a_small_file_is_served_from_memory_before_its_entry_is_written(
     tmp_path, monkeypatch
 ):

@@ -116,7 +116,7 @@ class ReadAheadScheduler:
         def landed(data: bytes | None, error: Exception | None) -> None:
             handle.pending.discard(0)
             if data is None or handle.closed or 0 in handle.buffer:
-                # a failure: the read meets it itself, and retries
+                # a failure is left to the read, which meets it itself (after its retries)
                 self._budget.release(version.size)
                 if data is not None and handle.closed:
                     self._wasted += 1

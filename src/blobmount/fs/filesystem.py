@@ -122,6 +122,9 @@ class OpenedFile:
     fh: int
     keep_cache: bool
     direct_io: bool = False
+    #: the whole file's bytes, for the kernel's page cache before the open is answered (a
+    #: small file in whole-file mode, opened for the first time): its reads then need no READ
+    preload: bytes | None = None
 
 
 class _DirHandle:
@@ -454,6 +457,7 @@ class BlobFilesystem:
                 noted=shelved and not main,
             )
         open_etags = self._open_etags.setdefault(node.inode, Counter())
+        preload: bytes | None = None
         if any(other != etag for other in open_etags):
             # The kernel's page cache is one per inode, shared by all handles, and handles
             # pinned to another version are open: this one bypasses it, so no handle ever reads
@@ -462,11 +466,15 @@ class BlobFilesystem:
         else:
             # The kernel may keep pages from earlier opens only if they are of this same version.
             keep_cache, direct_io = node.open_etag in (None, etag), False
-            if node.open_etag is None and isinstance(reader, BlockReader):
-                # The kernel holds no page of this inode yet, so a read of it will come: a
-                # one-block file's GET starts now, on the wire while the kernel answers the
-                # open and sends the READ (one reader of small files: 0.1 ms less a file).
-                reader.fetch_at_open()
+            if node.open_etag is None:
+                # The kernel holds no page of this inode yet, so a read of it will come (docs/
+                # developer-notes/concurrency.md has figures): a one-block file's GET starts
+                # now, on the wire while the kernel answers the open and sends the READ; a
+                # small file's copy in memory goes into the kernel's page cache with the open.
+                if isinstance(reader, BlockReader):
+                    reader.fetch_at_open()
+                elif isinstance(reader, WholeFileReader):
+                    preload = reader.preload()
             node.open_etag = etag
         open_etags[etag] += 1
         fh = next(self._fh)
@@ -474,7 +482,7 @@ class BlobFilesystem:
         self._files[fh] = _FileHandle(node, version, reader)
         if self.open_listener is not None:
             self.open_listener.opened(version)
-        return OpenedFile(fh, keep_cache, direct_io)
+        return OpenedFile(fh, keep_cache, direct_io, preload)
 
     async def open_for_another(self, inode: int, flags: int) -> tuple[int, bool, bool]:
         """`open` for another process (fs/forward.py): handle, keep_cache, direct_io."""

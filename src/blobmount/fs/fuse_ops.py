@@ -169,9 +169,21 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         with self._open_request:
             opened = await self.fs.open(inode, flags)
+            if opened.preload is not None:
+                self._store_in_page_cache(inode, opened.preload)
             return pyfuse3.FileInfo(
                 fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
             )
+
+    def _store_in_page_cache(self, inode: int, data: bytes) -> None:
+        """Put a file's bytes in the kernel's page cache before its open is answered
+        (FUSE_NOTIFY_STORE): its reads then take them from there, with no READ request. The
+        pages are locked only by the kernel's own store: this inode's first open in the mount
+        has no READ of it in flight. A kernel that refuses gets the READs as usual."""
+        try:
+            pyfuse3.notify_store(inode, 0, data)
+        except OSError as exc:
+            log.debug("cannot store inode %d in the page cache: %s", inode, exc)
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]  # pyfuse3 takes any buffer
         with self._read_request:

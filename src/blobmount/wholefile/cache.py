@@ -135,6 +135,8 @@ class WholeFileStats:
     in_place: InlineReadStats
     #: small entries written by the writer's thread (the disk was slow, or at unmount)
     thread_writes: int
+    #: opens of small files whose bytes went into the kernel's page cache with the open
+    preloaded_opens: int
 
 
 class LocalCopy:
@@ -269,6 +271,8 @@ class WholeFileCache:
         self._write_failures = 0
         #: bytes handed to readers (WholeFileReader adds to it)
         self.served_bytes = 0
+        #: opens whose bytes went into the kernel's page cache with the open (WholeFileReader)
+        self.preloaded = 0
 
     def path(self, version: BlobVersion) -> str:
         """The path of `version`'s entry: the key of the cache's tables."""
@@ -773,6 +777,7 @@ class WholeFileCache:
             space=self.pruner.statistics(),
             in_place=self._in_place.statistics(),
             thread_writes=self.writer.written_in_thread,
+            preloaded_opens=self.preloaded,
         )
 
 
