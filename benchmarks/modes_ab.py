@@ -1,7 +1,7 @@
 """Block mode against whole-file mode on cold small files, rounds alternated (issue #29).
 
     python benchmarks/modes_ab.py [--files N] [--rounds R] [--readers T] [--old-src SRC]
-                                  [--old-block] [--cache-root DIR] [--rclone]
+                                  [--old-block] [--cache-root DIR] [--rclone] [--only TAGS]
 
 The benchmark's small-file dataset (N files, 20-30 KB) sits in one Azurite. Each round mounts
 it afresh once per system, with an empty cache: `block` (scenario 3's settings: no disk cache,
