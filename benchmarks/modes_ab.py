@@ -99,8 +99,8 @@ def entry_writes(system: BlobmountSystem | RcloneSystem, daemon: MountedDaemon) 
         return ""
     in_place = whole["in_place"]
     return (
-        f"; entries: {in_place['reads']} in place, {whole['thread_writes']} in a thread, "
-        f"{in_place['slow_reads']} slow spells"
+        f"; entry opens and writes in place: {in_place['reads']}, writes in a thread: "
+        f"{whole['thread_writes']}, slow spells: {in_place['slow_reads']}"
     )
 
 

@@ -352,6 +352,31 @@ def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_en
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
+@FETCHES_PER_PROCESS
+@live
+def test_a_small_files_get_starts_at_its_first_open(dataset, mount_factory, mount_env):
+    # one block: the GET goes out with the first OPEN (the kernel holds none of its pages), and
+    # the READ takes that block, landed or on the wire; a reopen, whose reads the kernel may
+    # answer from its page cache, starts nothing
+    daemon = mount_factory(dataset, env={"DATASET_MOUNT_MEMORY_CACHE_SIZE": "0"})
+    path = daemon.mountpoint / "hello.txt"
+    s0 = stats_json(daemon.mountpoint, mount_env)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.read(fd, 100) == b"hello\n"
+    finally:
+        os.close(fd)
+    s1 = stats_json(daemon.mountpoint, mount_env)
+    assert path.read_bytes() == b"hello\n"
+    s2 = stats_json(daemon.mountpoint, mount_env)
+    for a, b, started in ((s0, s1, 1), (s1, s2, 0)):
+        assert b["storage"]["range_requests"] - a["storage"]["range_requests"] == started
+        assert b["blocks"]["prefetch_started"] - a["blocks"]["prefetch_started"] == started
+        assert b["blocks"]["prefetch_used"] - a["blocks"]["prefetch_used"] == started
+    assert s2["blocks"]["prefetch_wasted"] == 0
+    assert s2["blocks"]["read_ahead_bytes"] == 0
+
+
 @live
 def test_stats_without_the_disk_tier(dataset, mount_factory, mount_env):
     daemon = mount_factory(dataset, env={"DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED": "false"})

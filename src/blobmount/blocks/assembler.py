@@ -100,12 +100,9 @@ class ReadAssembler:
 
     def fetch_at_open(self, handle: BlockHandle) -> bool:
         """Start the GET of a one-block file as it is opened (`ReadAheadScheduler.
-        fetch_at_open`), unless the file is empty or its block is here or coming already
-        (hinted, in the RAM tier, in flight: a hint's fetch, which the read joins). True if it
-        started."""
+        fetch_at_open`), unless its block is here or coming already (hinted, in the RAM tier,
+        in flight: a hint's fetch, which the read joins). True if it started."""
         version = handle.version
-        if version.size == 0:
-            return False
         key = BlockKey(version.name, version.etag, 0)
         if key in self._hinted or key in self._ram or self._fetcher.in_flight(key):
             return False

@@ -137,12 +137,10 @@ class BlockFetcher:
 
         Raises whatever the storage client raised for this block (to every waiter).
         """
-        fetch = self._in_flight.get(key)
-        if fetch is None:
-            fetch = self._start(key, version, urgent=urgent)
-        elif urgent and not fetch.urgent:
-            self._promoted += 1
-            fetch.promote()
+        if urgent:
+            fetch = self._urgent_fetch(key, version)
+        else:
+            fetch = self._in_flight.get(key) or self._start(key, version, urgent=False)
         await fetch.done.wait()
         if fetch.error is not None:
             raise fetch.error
@@ -169,13 +167,18 @@ class BlockFetcher:
     def fetch_soon(self, key: BlockKey, version: BlobVersion, listener: Listener) -> None:
         """Fetch a block a read is about to want, as that read would (no queue for a prefetch
         slot), calling `listener` as `prefetch` does; one already in flight is joined."""
+        self._urgent_fetch(key, version).listeners.append(listener)
+
+    def _urgent_fetch(self, key: BlockKey, version: BlobVersion) -> _Fetch:
+        """The fetch of a block a read wants: the one in flight (promoted past the prefetch
+        queue if it waits there), or a new one that needs no slot."""
         fetch = self._in_flight.get(key)
         if fetch is None:
-            fetch = self._start(key, version, urgent=True)
-        elif not fetch.urgent:
+            return self._start(key, version, urgent=True)
+        if not fetch.urgent:
             self._promoted += 1
             fetch.promote()
-        fetch.listeners.append(listener)
+        return fetch
 
     def prefetch_adjacent(
         self, version: BlobVersion, first: int, listeners: Sequence[Listener]

@@ -104,7 +104,8 @@ class ReadAheadScheduler:
         """Start fetching the one block of a one-block file as it is opened, into the handle's
         buffer (its bytes count in the read-ahead budget until the handle drops them): the GET
         is then on the wire while the kernel answers the open and sends the READ, which any
-        read of such a file is. False (nothing started) if the budget has no room for it."""
+        read of such a file is. False (nothing started) for an empty file or one of several
+        blocks, or if the budget has no room for it."""
         version = handle.version
         if handle.policy.block_total != 1 or handle.buffer or handle.pending:
             return False

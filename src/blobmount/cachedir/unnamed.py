@@ -2,9 +2,9 @@
 
 The other way to publish a file atomically, a named temporary renamed over the final name, makes
 the file system insert a directory entry, then rename it. An unnamed file gets one directory
-entry, when it is linked under its final name: about 10 µs less per 25 KB entry on this
-project's journaled ext4 (create, write, publish: 48-52 µs against 58-65 µs, medians of three
-interleaved series; docs/developer-notes/concurrency.md, "Whole-file entries"). A crash leaves
+entry, when it is linked under its final name: create, write and publish of a 25 KB entry took
+52-75 µs of CPU against 58-102 µs on this project's journaled ext4 (docs/developer-notes/
+concurrency.md, "Whole-file entries"). A crash leaves
 nothing behind either: the kernel frees an unnamed inode that was never linked, so there is no
 temporary for the next scan to remove.
 

@@ -111,8 +111,7 @@ class EntryWriter:
         self._pending = 0
         self._idle = trio.Event()
         self._idle.set()
-        #: entries written on the trio thread, and by the writer's thread
-        self.written_in_place = 0
+        #: entries written by the writer's thread (those written in place are the gate's)
         self.written_in_thread = 0
 
     @property
@@ -207,7 +206,6 @@ class EntryWriter:
             gate.record(time.monotonic() - started)
             done.append(item)
         if done:
-            self.written_in_place += len(done)
             self._land(done)
 
     def _land_from_thread(self, batch: list[EntryWrite]) -> None:
