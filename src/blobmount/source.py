@@ -414,7 +414,15 @@ def _prefix(uri: str, raw: str) -> str:
 # -- synthetic:// -------------------------------------------------------------------------
 
 #: what a synthetic:// query may set, in canonical order (see blobmount.storage.synthetic)
-SYNTHETIC_KEYS = ("small_files", "small_size", "per_folder", "large_files", "large_size", "seed")
+SYNTHETIC_KEYS = (
+    "small_files",
+    "small_size",
+    "per_folder",
+    "large_files",
+    "large_size",
+    "seed",
+    "latency_us",
+)
 
 
 def parse_synthetic_query(query: str) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 from blobmount.errors import BlobChanged, BlobNotFound, SourceError
 from blobmount.storage.memory import InMemoryStorageClient
@@ -137,3 +138,18 @@ def test_the_same_name_in_another_dataset_has_another_etag():
     assert expected_bytes(base, "large/f000.bin", 0, 64) != expected_bytes(
         shifted, "large/f000.bin", 0, 64
     )
+
+
+async def test_latency_us_delays_each_get_by_that_long_and_nothing_else(autojump_clock):
+    dataset = SyntheticDataset.from_query("small_files=3&small_size=100&latency_us=1500")
+    client = SyntheticStorageClient(dataset)
+    name = dataset.name(1)
+    started = trio.current_time()
+    await client.list_page("small/")
+    await client.get_properties(name)
+    assert trio.current_time() == started  # no wait for listings or properties
+    got = await client.get_range_with_props(name, dataset.etag(1), 0, 100)
+    assert got.data == expected_bytes(dataset, name, 0, 100)
+    assert trio.current_time() - started == pytest.approx(0.0015)
+    with pytest.raises(SourceError, match="latency_us is at most"):
+        SyntheticDataset.from_query("latency_us=10000001")

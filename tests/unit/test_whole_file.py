@@ -890,24 +890,37 @@ async def test_small_entries_are_written_in_place_until_a_write_stalls(tmp_path,
     assert all((tmp_path / name).exists() for name in writers)
 
 
-async def test_writes_in_place_wait_until_the_loop_is_idle_or_for_a_while_at_most(
+async def test_writes_in_place_wait_behind_a_fetch_until_the_loop_is_idle_or_a_while_at_most(
     tmp_path, mock_clock
 ):
-    """A write in place does not take the trio thread from requests that can run: it waits
-    until every task is blocked, or `MAX_DEFER_S` of (here: mock) time."""
+    """A write in place does not take the trio thread from requests that can run, nor from the
+    gap before a reader's next open: it waits until one of the cache's fetches is on the wire
+    and every task is blocked, or `MAX_DEFER_S` of (here: mock) time."""
     landed: list[EntryWrite] = []
     writer = EntryWriter(landed.append, InlineReadGate())
+
+    async def settle(until_landed: int) -> None:
+        for _ in range(10):  # idle waiters are woken one at a time
+            await trio.testing.wait_all_tasks_blocked()
+            if len(landed) >= until_landed:
+                return
+
+    async def fetch(done: trio.Event) -> None:
+        with writer.fetching():
+            await done.wait()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
         await trio.testing.wait_all_tasks_blocked()
         writer.submit(EntryWrite(os.fspath(tmp_path / "first"), b"1"))
+        await settle(1)
+        assert landed == []  # idle, but no fetch to write behind
+        first_fetch = trio.Event()
+        nursery.start_soon(fetch, first_fetch)
         for _ in range(100):  # a busy loop: there is always a task that can run
             await trio.lowlevel.checkpoint()
         assert landed == []
-        for _ in range(10):  # now idle: written (idle waiters are woken one at a time)
-            await trio.testing.wait_all_tasks_blocked()
-            if landed:
-                break
+        await settle(1)  # now idle with a fetch on the wire: written
         assert [item.outcome for item in landed] == ["written"]
 
         writer.submit(EntryWrite(os.fspath(tmp_path / "second"), b"2"))
@@ -920,8 +933,17 @@ async def test_writes_in_place_wait_until_the_loop_is_idle_or_for_a_while_at_mos
             if len(landed) == 2:
                 break
         assert len(landed) == 2
+
+        first_fetch.set()  # no fetch left
+        await trio.testing.wait_all_tasks_blocked()
+        writer.submit(EntryWrite(os.fspath(tmp_path / "third"), b"3"))
+        await settle(3)
+        assert len(landed) == 2
+        mock_clock.jump(writer_module.MAX_DEFER_S)  # no fetch came for that long: written
+        await settle(3)
+        assert len(landed) == 3
         nursery.cancel_scope.cancel()
-    assert (tmp_path / "second").read_bytes() == b"2"
+    assert [(tmp_path / name).read_bytes() for name in ("second", "third")] == [b"2", b"3"]
 
 
 async def test_a_write_submitted_while_the_writer_stops_still_lands(tmp_path, monkeypatch):

@@ -55,6 +55,9 @@ class SyntheticDataset:
     large_files: int = 0
     large_size: int = 1024 * 1024 * 1024
     seed: int = 0
+    #: how long each ranged GET waits before it is answered: a network round trip that costs
+    #: no CPU, so the time a file takes beyond its GET shows as it would against a real store
+    latency_us: int = 0
 
     def __post_init__(self) -> None:
         if min(self.small_files, self.small_size, self.large_files, self.large_size) < 0:
@@ -63,6 +66,8 @@ class SyntheticDataset:
             raise SourceError("synthetic:// per_folder must be at least 1")
         if self.small_files > 10**7 or self.large_files > 1000:
             raise SourceError("synthetic:// holds at most 10,000,000 small and 1,000 large files")
+        if self.latency_us > 10_000_000:
+            raise SourceError("synthetic:// latency_us is at most 10,000,000 (10 s)")
 
     @classmethod
     def from_query(cls, query: str) -> SyntheticDataset:
@@ -203,7 +208,10 @@ class SyntheticStorageClient(StorageClient):
         return self.dataset.props(self._index(name))
 
     async def get_range(self, name: str, etag: str, start: int, length: int) -> bytes:
-        await trio.lowlevel.checkpoint()
+        if self.dataset.latency_us:
+            await trio.sleep(self.dataset.latency_us / 1e6)
+        else:
+            await trio.lowlevel.checkpoint()
         index = self._index(name)
         if etag != self.dataset.etag(index):
             raise BlobChanged(f"blob changed: {name}")

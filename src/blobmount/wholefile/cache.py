@@ -625,7 +625,8 @@ class WholeFileCache:
         estimate, slot = await self._reserve(version, path)
         try:
             # checked before any open gets the bytes: a reader never sees unverified data
-            data, _ = await fetch_whole(self._storage, version, self._in_thread)
+            with self.writer.fetching():
+                data, _ = await fetch_whole(self._storage, version, self._in_thread)
         except BaseException:
             self._unreserve(path, estimate, slot)
             raise
@@ -687,7 +688,8 @@ class WholeFileCache:
         written = 0
         free: int | None = None
         try:
-            data, _ = await fetch_whole(self._storage, version, self._in_thread)
+            with self.writer.fetching():
+                data, _ = await fetch_whole(self._storage, version, self._in_thread)
             fd, written, free = await self._in_thread(entries.write_entry, path, data)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -708,15 +710,16 @@ class WholeFileCache:
         free: int | None = None
         try:
             await self._in_thread(entries.make_folder, os.path.dirname(path))
-            await fetch_parts(
-                self._storage,
-                version,
-                Path(path),
-                Path(temporary_name(path)),
-                part_size=self.config.part_size,
-                slots=self._slots,
-                run=self._in_thread,
-            )
+            with self.writer.fetching():
+                await fetch_parts(
+                    self._storage,
+                    version,
+                    Path(path),
+                    Path(temporary_name(path)),
+                    part_size=self.config.part_size,
+                    slots=self._slots,
+                    run=self._in_thread,
+                )
             fd, written, free = await self._in_thread(entries.open_after_download, path)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -14,12 +14,16 @@ the thread for a back-off once they turn slow. Either way the trio side only que
 writer task takes every write waiting and lands them together (`landed`, on the trio thread),
 and the thread hands a batch back in one `run_sync_soon`.
 
-In place, the writer task waits for a moment when no other task of the loop can run (trio's
-`wait_all_tasks_blocked`: every request is waiting for storage or the kernel) before it writes,
-so a write does not hold up the next request of a reader that reads one file after another: the
-entry is written while the next file's GET is on the wire. Under a load that leaves the loop
-no such moment, a batch waits at most `MAX_DEFER_S` or until `MAX_DEFERRED` writes are queued
-(each holds its bytes in memory and its room in the cache) and is written then.
+In place, the writer task writes behind a GET: it waits until one of the cache's fetches is on
+the wire (`fetching`) and then for a moment when no other task of the loop can run (trio's
+`wait_all_tasks_blocked`: every request is waiting for storage or the kernel). A reader that
+reads one file after another so finds file N's entry written while file N+1's GET is on the
+wire, not in the gap between N's open being answered and N+1's open arriving: that gap looks
+idle to the loop too, but the reader's next requests are on their way, and a write there is
+added to each file's time (0.1 ms a file on the synthetic source with 1 ms GETs). Under a load
+that leaves the loop no such moment, or when no fetch follows, a batch waits at most
+`MAX_DEFER_S` or until `MAX_DEFERRED` writes are queued (each holds its bytes in memory and its
+room in the cache) and is written then.
 
 The bytes handed here were checked against the blob's Content-MD5 already (`fetch.fetch_whole`),
 so an entry is only ever written from checked bytes, and named only once whole
@@ -33,7 +37,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -113,6 +118,9 @@ class EntryWriter:
         self._idle.set()
         #: entries written by the writer's thread (those written in place are the gate's)
         self.written_in_thread = 0
+        #: the cache's fetches on the wire, and set when one starts (writes wait for one)
+        self._fetches = 0
+        self._fetch_started = trio.Event()
 
     @property
     def busy(self) -> bool:
@@ -129,6 +137,16 @@ class EntryWriter:
             self._wake.set()
         else:
             self._queue.put(item)
+
+    @contextmanager
+    def fetching(self) -> Iterator[None]:
+        """(trio thread) Around one of the cache's fetches: writes in place go behind it."""
+        self._fetches += 1
+        self._fetch_started.set()
+        try:
+            yield
+        finally:
+            self._fetches -= 1
 
     async def settled(self) -> None:
         """Wait until every write submitted so far has landed."""
@@ -155,11 +173,14 @@ class EntryWriter:
                 await trio.to_thread.run_sync(thread.join)
 
     async def _until_idle(self) -> None:
-        """Wait until no other task can run, `MAX_DEFER_S` at most, or not at all once
-        `MAX_DEFERRED` writes are waiting (see the module docstring)."""
+        """Wait until a fetch is on the wire and no other task can run, `MAX_DEFER_S` at most,
+        or not at all once `MAX_DEFERRED` writes are waiting (see the module docstring)."""
         if len(self._here) >= MAX_DEFERRED:
             return
         with trio.move_on_after(MAX_DEFER_S):
+            while self._fetches == 0:
+                self._fetch_started = trio.Event()
+                await self._fetch_started.wait()
             await trio.testing.wait_all_tasks_blocked()
 
     def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
