@@ -20,7 +20,8 @@ the wire (`fetching`) and then for a moment when no other task of the loop can r
 reads one file after another so finds file N's entry written while file N+1's GET is on the
 wire, not in the gap between N's open being answered and N+1's open arriving: that gap looks
 idle to the loop too, but the reader's next requests are on their way, and a write there is
-added to each file's time (0.1 ms a file on the synthetic source with 1 ms GETs). Under a load
+added to each file's time (one reader against Azurite: 457 files/s with the writes there, 502
+behind the GET, docs/developer-notes/concurrency.md). Under a load
 that leaves the loop no such moment, or when no fetch follows, a batch waits at most
 `MAX_DEFER_S` or until `MAX_DEFERRED` writes are queued (each holds its bytes in memory and its
 room in the cache) and is written then.
