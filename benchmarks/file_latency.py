@@ -24,7 +24,6 @@ epoll's whole milliseconds, so a `--latency-us 1000` GET waits about 1.25 ms.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,7 @@ for _path in (str(REPO / "src"), str(BENCH_DIR)):
 from modes_ab import tree_cpu  # noqa: E402
 from scenarios.mounted import MountedDaemon  # noqa: E402
 from scenarios.plans import seed_block_settings  # noqa: E402
-from scenarios.synthetic_mount import mount_daemon  # noqa: E402
+from scenarios.synthetic_mount import daemon_env, mount_daemon  # noqa: E402
 
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes  # noqa: E402
 
@@ -131,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         daemons: dict[str, MountedDaemon] = {}
         for system in systems:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.cache_root)))
-            env = {k: v for k, v in os.environ.items() if not k.startswith("DATASET_MOUNT_")}
-            env.update(system.env)
-            env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
-            env["XDG_RUNTIME_DIR"] = str(work / "run")
-            env["XDG_STATE_HOME"] = str(work / "state")
+            env = daemon_env(system.env, work, None)
             env["PYTHONPATH"] = str(system.src or REPO / "src")
             daemon = mount_daemon(f"synthetic://latency?{query}", env, work)
             daemons[system.tag] = stack.enter_context(daemon)

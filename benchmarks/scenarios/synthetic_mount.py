@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,11 +49,11 @@ class MountRun:
     peak_rss_bytes: int | None = None
 
 
-def daemon_env(scenario: SyntheticScenario, work: Path, processes: int | None) -> dict[str, str]:
-    """The caller's environment without any storage setting or credential, plus the scenario's
-    settings and private cache and runtime dirs."""
+def daemon_env(mount_env: Mapping[str, str], work: Path, processes: int | None) -> dict[str, str]:
+    """The caller's environment without any storage setting or credential, plus `mount_env`
+    (a scenario's settings) and private cache and runtime dirs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
-    env.update(scenario.mount_env)
+    env.update(mount_env)
     env["DATASET_MOUNT_CACHE_DIR"] = str(work / "cache")
     env["XDG_RUNTIME_DIR"] = str(work / "run")
     env["XDG_STATE_HOME"] = str(work / "state")
@@ -88,7 +89,7 @@ def run_mount(
     work = Path(tempfile.mkdtemp(prefix="bmsynth-"))
     counters = BlobmountSystem()  # only for its `blobmount stats --json` reader
     try:
-        daemon = mount_daemon(uri, daemon_env(scenario, work, processes), work)
+        daemon = mount_daemon(uri, daemon_env(scenario.mount_env, work, processes), work)
         daemon.log_copy = log_copy
         with daemon:
             before = counters.stats(daemon)

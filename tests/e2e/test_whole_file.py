@@ -13,6 +13,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -182,6 +183,28 @@ def test_a_remount_opens_the_cached_copy_without_downloading(dataset, mount_fact
     second = mount_factory(dataset, env=env)
     data = (second.mountpoint / "medium.bin").read_bytes()
     assert data == pattern_bytes("whole-medium", 0, 40 * MiB)
+    s = stats(second)
+    assert s["storage"]["range_requests"] == 0
+    assert (s["whole_file"]["downloads"], s["whole_file"]["cached_opens"]) == (0, 1)
+
+
+def test_a_small_file_read_alone_is_written_and_a_remount_reads_it_from_disk(
+    dataset, mount_factory, tmp_path
+):
+    # a small copy's entry is written behind the next fetch; with no fetch after it (the job
+    # read one file and paused), it is written anyway, without an unmount to flush it
+    env = {**WHOLE, "DATASET_MOUNT_CACHE_DIR": str(tmp_path / "shared-cache")}
+    first = mount_factory(dataset, env=env)
+    name, data = next(iter(SMALL.items()))
+    assert (first.mountpoint / name).read_bytes() == data
+    deadline = time.monotonic() + 10
+    while not cache_files(env["DATASET_MOUNT_CACHE_DIR"])[0]:
+        assert time.monotonic() < deadline, "the entry was not written"
+        time.sleep(0.02)
+    assert stats(first)["whole_file"]["downloads"] == 1
+    first.stop()
+    second = mount_factory(dataset, env=env)
+    assert (second.mountpoint / name).read_bytes() == data
     s = stats(second)
     assert s["storage"]["range_requests"] == 0
     assert (s["whole_file"]["downloads"], s["whole_file"]["cached_opens"]) == (0, 1)
