@@ -24,6 +24,7 @@ from scenarios.mounted import MountedDaemon
 from scenarios.plans import MountPlan, phase_items
 from scenarios.readers import HintSource, read_through_mount, walk_mount
 from scenarios.results import PhasedRun, RunMetrics, storage_delta
+from scenarios.serial_part import process_deltas, serial_part
 from scenarios.verify import listing_mismatch, new_buffer, verify_mount_reads
 
 
@@ -116,6 +117,10 @@ class MountSystem(System):
             mount_s=daemon.mount_s,
             storage=storage_delta(before, after),
             stats_after=after,
+            # many files: each costs about the same; one large file: its bytes
+            serial=serial_part(
+                process_deltas(before, after), "requests" if workload.files > 1 else "bytes"
+            ),
             profile_file=None if spy is None else str(spy.out_file),
             mismatch_at=mismatch,
             phases=timed.phases,

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scenarios.plans import Phase
+from scenarios.serial_part import SerialPart
 
 
 @dataclass
@@ -32,6 +33,9 @@ class RunMetrics:
     #: storage requests during the timed part (from `blobmount stats --json`, or counted)
     storage: dict[str, int] = field(default_factory=dict)
     stats_after: dict[str, Any] | None = None
+    #: the mount's serial part over the timed part (scenarios/serial_part.py), when it lists
+    #: its processes
+    serial: SerialPart | None = None
     profile_file: str | None = None
     #: where the first wrong byte was (blob and range), for a run that failed verification
     mismatch_at: str | None = None

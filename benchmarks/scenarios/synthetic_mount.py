@@ -26,6 +26,7 @@ from scenarios.mounted import MountedDaemon
 from scenarios.process_tree import TreeMeter, TreeUsage
 from scenarios.readers import HintSource, read_through_mount
 from scenarios.results import storage_delta
+from scenarios.serial_part import SerialPart, process_deltas, serial_part
 from scenarios.synthetic_group import SyntheticScenario, SyntheticWorkload, mismatch
 from scenarios.verify import new_buffer
 
@@ -47,6 +48,8 @@ class MountRun:
     storage: dict[str, int] = field(default_factory=dict)
     #: the main process's VmHWM, bytes
     peak_rss_bytes: int | None = None
+    #: the serial part over the timed part (None: the daemon lists no processes)
+    serial: SerialPart | None = None
 
 
 def daemon_env(mount_env: Mapping[str, str], work: Path, processes: int | None) -> dict[str, str]:
@@ -125,4 +128,7 @@ def run_mount(
         mismatch_at=wrong,
         storage=storage_delta(before, after),
         peak_rss_bytes=None if hwm is None else hwm * 1024,
+        serial=serial_part(
+            process_deltas(before, after), "requests" if scenario.kind == "small" else "bytes"
+        ),
     )

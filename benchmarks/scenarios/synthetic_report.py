@@ -3,12 +3,15 @@ printed, and JSON with every raw number).
 
 Small-file scenarios are measured per file (files/s, CPU ms per file), large-file ones per GiB
 (GiB/s, CPU s per GiB). "tree" is the daemon's whole process tree, "main" its first process
-alone: with one process they are the same, with several the main process's share is the serial
-part issue #25 wants small. A row per `--processes` value: today's daemon always runs 1.
+alone, and "serial part" what of it does not spread over more processes
+(`scenarios.serial_part`: with one process, everything), which issue #25 wants small. A row
+per `--processes` value. Below the table, what more processes could reach on this machine at
+best: the 1-process run's busy cores set that bound (`machine_bound_lines`).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,6 +64,21 @@ class Row:
             return f"{1000 * cpu_s / self.files:.3f} ms/file"
         return f"{cpu_s / (self.requested_bytes / GiB):.3f} s/GiB"
 
+    def serial(self, run: MountRun) -> str:
+        """The run's serial part per file or GiB, and its two terms."""
+        part = run.serial
+        if part is None:
+            return "-"
+        if part.processes == 1:
+            return f"{self.per_unit(part.total_s)} (all)"
+        if part.main_share == 1.0:
+            return f"{self.per_unit(part.total_s)} (one stream: all its opener's)"
+        work = "requests" if self.scenario.kind == "small" else "bytes"
+        return (
+            f"{self.per_unit(part.total_s)} (main {self.per_unit(part.main_extra_s)} beyond its "
+            f"{part.main_share:.0%} of the {work}; locks {self.per_unit(part.locks_s)})"
+        )
+
     def switches(self, usage: TreeUsage) -> str:
         """The tree's waits / preemptions per file (small files) or per MiB (the large file)."""
         if self.scenario.kind == "small":
@@ -87,9 +105,9 @@ class Row:
 
 HEADER = (
     "| scenario | system | processes | time (s) | rate | vs ceiling | CPU, tree | "
-    "CPU, main process | switches, tree | time per file, 1 reader | harness CPU | other CPU | "
-    "GETs | peak RSS, main | verified |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    "CPU, main process | serial part | switches, tree | time per file, 1 reader | harness CPU | "
+    "other CPU | GETs | peak RSS, main | verified |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 )
 
 LEGEND = """\
@@ -98,8 +116,14 @@ LEGEND = """\
   making the bytes up, so every mount ratio is small; what matters is the CPU columns.
 - **CPU, tree**: CPU seconds (user + system) of the daemon and every process under it during
   the timed part, per file (ms) or per GiB (s); for the ceiling, the harness's CPU.
-  **CPU, main process**: the daemon's first process alone, the serial part of a multi-process
-  mount (the same as the tree with one process). "n lost": processes that exited mid-run.
+  **CPU, main process**: the daemon's first process alone (the same as the tree with one
+  process); with several it serves its share of the requests like the others.
+  "n lost": processes that exited mid-run.
+- **serial part**: the CPU that does not spread over more processes (issue #25's target: at
+  most 0.05 ms per file and 0.05 s per GiB): with one process all of it; with several, the
+  main process's CPU beyond what its share of the requests costs the other processes (below
+  zero is noise, counted as 0) plus the time any process held the locks all of them take in
+  turn (scenarios/serial_part.py).
 - **switches, tree**: context switches of the tree's threads per file (S3) or per MiB (S1, S2):
   waits / preemptions. Preemptions mean the machine has fewer cores than busy threads: each
   costs the preempted process its warm caches, so its CPU per file rises.
@@ -113,7 +137,7 @@ def _line(row: Row, ceiling_s: float | None) -> str:
     name = row.scenario.name
     seconds = row.seconds
     if seconds is None:
-        return f"| {name} | {row.system} | | error: {(row.error or '')[:160]} |" + " |" * 11
+        return f"| {name} | {row.system} | | error: {(row.error or '')[:160]} |" + " |" * 12
     runs = f" (median of {row.runs})" if row.runs > 1 else ""
     latency = "-"
     if row.scenario.kind == "small" and row.scenario.readers == 1:
@@ -124,8 +148,8 @@ def _line(row: Row, ceiling_s: float | None) -> str:
         cpu = statistics.median(c for _, c in row.ceiling_runs)
         return (
             f"| {name} | {row.system} | - | {seconds:.3f}{runs} | {row.rate(seconds)} | "
-            f"1.00 (ref) | {row.per_unit(cpu)} (harness) | - | - | {latency} | - | - | - | - | "
-            f"{ok} |"
+            f"1.00 (ref) | {row.per_unit(cpu)} (harness) | - | - | - | {latency} | - | - | - | "
+            f"- | {ok} |"
         )
     usage = run.usage
     processes = str(usage.processes)
@@ -138,8 +162,8 @@ def _line(row: Row, ceiling_s: float | None) -> str:
     return (
         f"| {name} | {row.system} | {processes} | {seconds:.3f}{runs} | {row.rate(seconds)} | "
         f"{ratio} | {row.per_unit(usage.tree_cpu_s)}{lost} | {row.per_unit(usage.root_cpu_s)} | "
-        f"{row.switches(usage)} | {latency} | {usage.harness_cpu_s / seconds:.2f} | "
-        f"{usage.others_cpu_s / seconds:.2f} | "
+        f"{row.serial(run)} | {row.switches(usage)} | {latency} | "
+        f"{usage.harness_cpu_s / seconds:.2f} | {usage.others_cpu_s / seconds:.2f} | "
         f"{gets} | {rss} | {ok} |"
     )
 
@@ -164,7 +188,7 @@ def to_markdown(rows: list[Row], meta: dict[str, Any], machine: list[str]) -> st
         r.scenario.name: r.seconds for r in rows if r.processes is None and r.verified and r.runs
     }
     lines += [_line(row, ceilings.get(row.scenario.name)) for row in rows]
-    lines += ["", LEGEND, "", "## Scenarios", ""]
+    lines += ["", LEGEND, "", *machine_bound_lines(rows), "## Scenarios", ""]
     seen: set[str] = set()
     for row in rows:
         s = row.scenario
@@ -178,6 +202,50 @@ def to_markdown(rows: list[Row], meta: dict[str, Any], machine: list[str]) -> st
         lines += ["", f"**{r.scenario.name} / {r.system} failed**:", "", "```"]
         lines += [r.error.strip()[:3000] if r.error else "", "```"]
     return "\n".join(lines) + "\n"
+
+
+def busy_cores(run: MountRun) -> float:
+    """Cores the whole machine kept busy during a run: the daemon's tree, the readers and the
+    rest."""
+    usage = run.usage
+    return (usage.tree_cpu_s + usage.harness_cpu_s + usage.others_cpu_s) / usage.wall_s
+
+
+def machine_bound_lines(rows: list[Row], cores: int | None = None) -> list[str]:
+    """The most a mount of N processes can reach on this machine, per scenario, against what
+    it reached: a second process never makes a file cost less CPU than one process spends (it
+    adds the wake-ups and tables of its own), so if the 1-process run kept `b` of the
+    machine's `C` cores busy, N processes reach at most min(N, C / b) times its rate."""
+    cores = cores or len(os.sched_getaffinity(0))
+    one = {r.scenario.name: r for r in rows if r.processes == 1 and r.verified}
+    more = [r for r in rows if r.processes and r.processes > 1 and r.verified]
+    table = []
+    for row in more:
+        base = one.get(row.scenario.name)
+        base_run, run = (base.median_mount() if base else None), row.median_mount()
+        if base is None or base_run is None or run is None or not base.seconds or not row.seconds:
+            continue
+        busy = busy_cores(base_run)
+        bound = min(float(row.processes or 1), cores / busy)
+        table.append(
+            f"| {row.scenario.name} | {row.processes} | {busy:.2f} of {cores} | {bound:.2f}x | "
+            f"{base.seconds / row.seconds:.2f}x |"
+        )
+    if not table:
+        return []
+    return [
+        f"## What more processes can reach on this machine ({cores} cores)",
+        "",
+        "A second process never makes a file cost less CPU than one process spends, so the "
+        "busy cores of the 1-process run (the daemon's tree, the readers, the rest of the "
+        "machine) bound the rate of N processes here at min(N, cores / busy) times the "
+        "1-process rate, whatever the design; a bigger machine lifts it (the projection).",
+        "",
+        "| scenario | processes | 1-process run: busy cores | bound here | measured |",
+        "|---|---:|---:|---:|---:|",
+        *table,
+        "",
+    ]
 
 
 def to_json(rows: list[Row], meta: dict[str, Any]) -> dict[str, Any]:

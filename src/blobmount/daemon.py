@@ -27,6 +27,7 @@ from blobmount.fs.fuse_ops import FuseOperations
 from blobmount.hints.server import serve_hints
 from blobmount.metrics import Metrics, open_metrics
 from blobmount.mounttable import set_read_ahead
+from blobmount.process_figures import ProcessFigures, this_process
 from blobmount.readiness import ReadyNotifier
 from blobmount.runstate import MountRecord, hints_socket, stats_socket
 from blobmount.settings import Settings
@@ -154,15 +155,18 @@ class Served:
     others: Callable[[int], Awaitable[None]] | None = None
 
 
-def live_snapshot(request: MountRequest, parts: MountParts) -> tuple[ThroughputMeter, LiveMount]:
-    """This process's live figures (and the meter that samples its throughput)."""
+def live_snapshot(
+    request: MountRequest, parts: MountParts, ops: FuseOperations, *, main: bool = True
+) -> tuple[ThroughputMeter, LiveMount]:
+    """This process's live figures (and the meter that samples its throughput); `main`: the
+    process that reports for the mount."""
     blocks, whole_files, stack = parts.blocks, parts.whole_files, parts.storage
-    meter = ThroughputMeter(
-        lambda: (
-            blocks.statistics().bytes_served
-            + (whole_files.served_bytes if whole_files is not None else 0)
-        )
-    )
+
+    def served() -> int:
+        whole = whole_files.served_bytes if whole_files is not None else 0
+        return blocks.statistics().bytes_served + whole
+
+    meter = ThroughputMeter(served)
     live = LiveMount(
         source=request.spec.display,
         mountpoint=str(request.mountpoint),
@@ -177,8 +181,19 @@ def live_snapshot(request: MountRequest, parts: MountParts) -> tuple[ThroughputM
         hints=parts.hints,
         whole_file=whole_files,
         flow=stack.flow,
+        process=lambda: _process_figures(parts, ops, main, served()),
     )
     return meter, live
+
+
+def _process_figures(
+    parts: MountParts, ops: FuseOperations, main: bool, bytes_served: int
+) -> ProcessFigures:
+    fs = parts.fs
+    forwarder, server = fs.forwarder, fs.read_server
+    passed_on = 0 if forwarder is None else forwarder.forwarded + forwarder.opens
+    answered = 0 if server is None else server.served
+    return this_process(main, ops.requests, passed_on, answered, bytes_served)
 
 
 async def serve_mounted(request: MountRequest, notifier: ReadyNotifier, served: Served) -> None:
@@ -189,7 +204,7 @@ async def serve_mounted(request: MountRequest, notifier: ReadyNotifier, served: 
         request.spec.display,
         str(request.log_file) if request.log_file else None,
     )
-    meter, live = live_snapshot(request, served.parts)
+    meter, live = live_snapshot(request, served.parts, served.ops)
     own, report = live.snapshot, served.report
 
     def snapshot() -> MountSnapshot:

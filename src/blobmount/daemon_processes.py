@@ -247,6 +247,7 @@ async def _process_parts(mount: _Mount, index: int) -> AsyncIterator[MountParts]
         await forwarding.start(server.run)
         forwarder = ReadForwarder(mount.folder, index, forwarding, wakeup.wake)
         parts.fs.forwarder = forwarder
+        parts.fs.read_server = server
         mount.ops.fs = parts.fs
         try:
             yield parts
@@ -282,7 +283,7 @@ def _run_worker(mount: _Mount, index: int) -> int:
 async def _serve_worker(mount: _Mount, index: int) -> None:
     async with _process_parts(mount, index) as parts:
         async with trio.open_nursery() as nursery:
-            _, live = live_snapshot(mount.request, parts)
+            _, live = live_snapshot(mount.request, parts, mount.ops, main=False)
             await nursery.start(publish_every, mount.stats, live.snapshot)
             # the main process passes SIGTERM/SIGINT on and unmounts once every process has
             # let its requests in flight finish (or the unmount timeout has passed)

@@ -58,6 +58,12 @@ SIMPLE: tuple[tuple[str, str, str, Figure], ...] = (
     ("gauge", "uptime_seconds", "Seconds since the mount started", lambda s: s.uptime_s),
     ("gauge", "open_files", "Files open through the mount", lambda s: s.open_files),
     ("gauge", "inodes", "Inodes the kernel currently holds", lambda s: s.inodes),
+    (
+        "gauge",
+        "processes",
+        "Processes serving the mount (DATASET_MOUNT_WORKER_PROCESSES)",
+        lambda s: len(s.processes) or None,
+    ),
     # readers
     (
         "counter",

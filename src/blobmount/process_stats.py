@@ -22,6 +22,8 @@ How each figure adds up is a property of what it means, so every figure is named
   between the processes: the sum over the live processes is the mount's budget, the figure its
   gauges are measured against (the main process's alone would be 1/N of it).
 - PEAK, a high-water mark: the highest of any process's, dead or alive.
+- EACH, a list of one entry per process (`processes`: each one's requests and CPU): the main
+  process's own entries followed by those of the other live processes.
 - MAIN, a setting, a limit each process applies on its own, a state (breaker, disk full), an
   identity (source, pid, uptime), or one process's view of state they all share (the disk
   cache's usage: one folder every process scans): the main process's own value. Summing those
@@ -84,10 +86,12 @@ class Kind(enum.Enum):
     GAUGE = "summed over the live processes"
     SHARE = "summed over the live processes (a divided budget)"
     PEAK = "the highest of every process's"
+    EACH = "one entry per live process"
     MAIN = "the main process's own"
 
 
 _C, _G, _S, _P, _M = Kind.COUNTER, Kind.GAUGE, Kind.SHARE, Kind.PEAK, Kind.MAIN
+_E = Kind.EACH
 
 #: every figure of every statistics dataclass in a MountSnapshot (nested sections are walked,
 #: not listed); a test checks that this names each field of each of them, and nothing else
@@ -95,6 +99,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
     MountSnapshot: {
         **dict.fromkeys(("source", "mountpoint", "pid", "uptime_s"), _M),
         **dict.fromkeys(("throughput_bytes_per_s", "open_files", "inodes"), _G),
+        "processes": _E,
     },
     # inodes: entries of each process's own table (an inode two processes know counts twice)
     NamespaceStats: {
@@ -371,6 +376,8 @@ def _combine(own: _D, every: Sequence[_D], live: Sequence[_D]) -> _D:
                 values[name] = _sum(mine, [getattr(other, name) for other in live])
             elif kind is Kind.PEAK:
                 values[name] = max([mine, *(getattr(other, name) for other in every)])
+            elif kind is Kind.EACH:
+                values[name] = sum((getattr(other, name) for other in live), mine)
             else:
                 values[name] = mine
     return dataclasses.replace(own, **values)

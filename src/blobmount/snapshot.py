@@ -27,6 +27,7 @@ from blobmount.blocks.manager import BlockManagerStats
 from blobmount.errors import BlobmountError
 from blobmount.fs.filesystem import NamespaceStats
 from blobmount.hints.coordinator import HintStats
+from blobmount.process_figures import ProcessFigures
 from blobmount.storage.counting import StorageStats
 from blobmount.storage.flow import FlowStats
 from blobmount.storage.retry import RetryStatistics
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: sections a daemon leaves out (or sends as null) when the part is not in use
 OPTIONAL_SECTIONS = ("disk", "whole_file")
+#: lists an older daemon does not send: read as empty
+OPTIONAL_LISTS = ("processes",)
 
 
 class SnapshotFormatError(BlobmountError):
@@ -64,10 +67,14 @@ class MountSnapshot:
     hints: HintStats
     whole_file: WholeFileStats | None  # None: block mode
     flow: FlowStats  # the storage account's flow controller and circuit breaker
+    #: each live process of the mount (one, unless DATASET_MOUNT_WORKER_PROCESSES is above 1)
+    processes: tuple[ProcessFigures, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The stats socket's JSON: nested plain values, keys in field order."""
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["processes"] = list(data["processes"])  # as JSON gives it back
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MountSnapshot:
@@ -77,7 +84,11 @@ class MountSnapshot:
         Raises:
             SnapshotFormatError: a figure is missing or has the wrong type; names its key.
         """
-        data = {**{name: None for name in OPTIONAL_SECTIONS if name not in data}, **data}
+        data = {
+            **{name: None for name in OPTIONAL_SECTIONS if name not in data},
+            **{name: [] for name in OPTIONAL_LISTS if name not in data},
+            **data,
+        }
         snapshot = _build(cls, data, "")
         assert isinstance(snapshot, cls)
         return snapshot
@@ -106,6 +117,11 @@ def _value(hint: Any, value: object, key: str) -> object:
     if dataclasses.is_dataclass(hint):
         assert isinstance(hint, type)
         return _build(hint, value, key)
+    if typing.get_origin(hint) is tuple:  # `tuple[Section, ...]`: one section per item
+        (item, _) = typing.get_args(hint)
+        if not isinstance(value, list | tuple):
+            raise SnapshotFormatError(_wrong(key, "a list", value))
+        return tuple(_value(item, one, f"{key}[{i}]") for i, one in enumerate(value))
     if typing.get_origin(hint) is dict:  # counts by name, e.g. storage errors by kind
         if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and _is_int(v) for k, v in value.items()
@@ -166,6 +182,8 @@ class LiveMount:
     hints: Reports[HintStats]
     whole_file: Reports[WholeFileStats] | None
     flow: Reports[FlowStats]
+    #: this process's own figures
+    process: Callable[[], ProcessFigures]
 
     def snapshot(self) -> MountSnapshot:
         namespace = self.fs.statistics()
@@ -185,6 +203,7 @@ class LiveMount:
             hints=self.hints.statistics(),
             whole_file=None if self.whole_file is None else self.whole_file.statistics(),
             flow=self.flow.statistics(),
+            processes=(self.process(),),
         )
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import trio
 from blobmount.blocks.disk_tier import DiskTierStats
 from blobmount.blocks.hinted import HintedBlockStats
 from blobmount.hints.coordinator import HintStats
+from blobmount.process_figures import ProcessFigures
 from blobmount.snapshot import MountSnapshot
 from blobmount.storage.flow import FlowStats
 from blobmount.units import format_size
@@ -131,8 +132,25 @@ def format_stats(s: MountSnapshot) -> str:
         f"waiting on storage {blocks.storage_waits} reads, "
         f"{blocks.storage_wait_s:.2f}s total; {fetcher.in_flight} fetches in flight",
         f"open files        {s.open_files}, inodes {s.inodes}",
+        *_process_lines(s.processes),
     ]
     return "\n".join(lines)
+
+
+def _process_lines(processes: Sequence[ProcessFigures]) -> list[str]:
+    """Each process's share of the requests and its CPU: how evenly the kernel spreads them."""
+    if not processes:
+        return []  # an older daemon
+    total = sum(p.requests for p in processes)
+    each = "; ".join(
+        f"pid {p.pid}{' (main)' if p.main else ''} {_ratio(p.requests, total)}, {p.cpu_s:.1f}s CPU"
+        for p in processes
+    )
+    held = sum(p.shared_lock_s for p in processes)
+    return [
+        f"processes         {len(processes)}, {total} requests: {each}; "
+        f"shared locks held {held:.3f}s"
+    ]
 
 
 def _flow_line(flow: FlowStats) -> str:

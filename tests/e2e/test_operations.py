@@ -287,6 +287,13 @@ def test_stats_and_metrics_of_a_file_read_twice(dataset, mount_factory, mount_en
 
     assert memory_ratio(s2) > memory_ratio(s1)
 
+    # one process served it all: its requests (two opens and their reads at least) and CPU,
+    # and no lock shared with other processes was ever taken
+    (only,) = s2["processes"]
+    assert (only["pid"], only["main"], only["shared_lock_s"]) == (daemon.pid, True, 0)
+    assert delta(s0["processes"][0], only, "requests") >= 4
+    assert delta(s0["processes"][0], only, "cpu_s") > 0
+
     # the metrics endpoint serves the same counters (the mount is idle now)
     got = scrape(port)
     s3 = fetch_stats(stats_socket(daemon.mountpoint))

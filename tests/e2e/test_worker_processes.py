@@ -143,8 +143,17 @@ def test_two_processes_serve_every_byte_and_sum_their_stats(two_processes) -> No
 
     _wait_for(summed, f"stats summing to the {read} bytes read")
     # the metrics endpoint serves the same sums (Prometheus scrapes the main process only)
-    assert scrape(port)[("blobmount_read_bytes_total", ())] == read
+    metrics = scrape(port)
+    assert metrics[("blobmount_read_bytes_total", ())] == read
     worker = _worker_pids(daemon)[0]
+    # each process is listed with its share of the requests, its CPU, and its time under the
+    # locks both take (every open and release updates the shared open-versions table)
+    assert metrics[("blobmount_processes", ())] == 2
+    processes = daemon_stats(daemon)["processes"]
+    assert {(p["pid"], p["main"]) for p in processes} == {(daemon.pid, True), (worker, False)}
+    assert sum(p["requests"] for p in processes) >= 2 * DATASET.small_files  # opens, releases
+    assert all(p["requests"] > 0 and p["cpu_s"] > 0 for p in processes), processes
+    assert sum(p["shared_lock_s"] for p in processes) > 0
     assert Path(f"/dev/shm/{_shared_folders(daemon.pid)[0].name}/stats-{worker}.json").exists()
 
     assert daemon.stop() == 0

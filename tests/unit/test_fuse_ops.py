@@ -386,3 +386,24 @@ async def test_wait_idle_waits_for_requests_in_progress(stack: Stack) -> None:
         gate.set()
     assert done == ["read", "read", "idle"]
     await ops.wait_idle()
+
+
+# -- requests counted (each process's share, in the stats) -----------------------------------
+
+
+async def test_every_request_taken_is_counted_errors_and_refusals_too(stack: Stack) -> None:
+    ops = stack.ops
+    assert ops.requests == 0
+    fh = await stack.open("top.txt")  # lookup, open
+    await ops.read(fh, 0, 4)
+    with pytest.raises(pyfuse3.FUSEError):
+        await ops.flush(fh)  # ENOSYS: still a request taken
+    await ops.release(fh)
+    await ops.lookup(ROOT_INODE, b"absent")  # a negative entry
+    with pytest.raises(pyfuse3.FUSEError):
+        await ops.mkdir(ROOT_INODE, b"x", 0o755, None)  # EROFS
+    await ops.forget([(inode_for("top.txt"), 1)])
+    await ops.statfs(None)
+    await ops.access(ROOT_INODE, os.R_OK, None)
+    await ops.fsync(fh, False)
+    assert ops.requests == 11

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cachedir", "namespace", "snapshots"),  # snapshots: a dataset recorded, and served
     ("blocks", "download_mode", "multiproc"),  # multiproc: tables a mount's processes share
     ("wholefile",),
-    ("fs", "hints"),
+    ("fs", "hints", "process_figures"),  # process_figures: one process's requests and CPU
     ("snapshot",),  # the typed stats snapshot of a live mount
     ("stats", "process_stats"),  # process_stats: a multi-process mount's figures, summed
     # Settings: only the composition layer and what stands above it may see it

@@ -118,6 +118,7 @@ FIGURE_OF: dict[Sample, str] = {
     ("blobmount_whole_file_failed_downloads_total", ()): "whole_file.failed_downloads",
     ("blobmount_whole_file_cache_bytes", ()): "whole_file.space.used_bytes",
     ("blobmount_whole_file_cache_limit_bytes", ()): "whole_file.space.capacity_bytes",
+    ("blobmount_processes", ()): "len processes",
 }
 
 
@@ -127,6 +128,8 @@ def figure(snapshot: MountSnapshot, path: str) -> float:
     if "==" in path:
         path, value = path.split("==")
         return float(operator.attrgetter(path)(snapshot) == value)
+    if path.startswith("len "):  # how many items a list has
+        return float(len(operator.attrgetter(path.removeprefix("len "))(snapshot)))
     if path.startswith("storage.errors."):
         return float(snapshot.storage.errors[path.removeprefix("storage.errors.")])
     return float(operator.attrgetter(path)(snapshot))

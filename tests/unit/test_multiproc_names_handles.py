@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from blobmount.multiproc import handles as handles_module
+from blobmount.multiproc import lock_time
 from blobmount.multiproc.handles import ETAG_MAX, HandleRecord, SharedHandles
 from blobmount.multiproc.names import FILE_NAME, SharedNames
 from tests.helpers.forked import WAIT_S, fork, read_line, wait
@@ -418,3 +419,13 @@ def test_a_writer_killed_inside_a_slot_leaves_it_free_for_everyone(handles):
     assert handles.remove(fh) is None
     again = handles.add(2, None, 0)
     assert handles.get(again) == HandleRecord(2, None, 0)
+
+
+def test_an_append_counts_its_time_under_the_lock_and_a_known_name_none(names, monkeypatch):
+    readings = iter(range(0, 10_000, 7))
+    monkeypatch.setattr(lock_time, "_clock", lambda: next(readings))
+    before = lock_time.held_s()
+    names.publish_all([(41, "a"), (42, "b")])  # one append, one section
+    names.publish(41, "a")  # known here: no lock taken
+    names.path_of(41)  # known here: no lock either
+    assert lock_time.held_s() - before == pytest.approx(7e-9)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from blobmount.multiproc import lock_time
 from blobmount.multiproc.open_versions import SLOT_BYTES, SharedOpenVersions
 from tests.helpers.forked import fork, wait
 
@@ -256,3 +257,18 @@ def test_no_update_is_lost_between_processes(table):
     _run_children([drop, drop])
     assert table.open_count(13, "A") == 0
     assert table.opened(13, "B") == FRESH
+
+
+# -- the serial part -------------------------------------------------------------------------
+
+
+def test_the_time_the_lock_is_held_is_counted(table, monkeypatch):
+    """Every update adds its time under the lock to `lock_time` (the stats' serial part), and
+    nothing else does: a clock that moves 5 ns per reading gives 5 ns per section."""
+    readings = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(lock_time, "_clock", lambda: next(readings))
+    before = lock_time.held_s()
+    table.opened(5, "A")
+    table.released(5, "A", False)
+    table.open_count(5, "A")
+    assert lock_time.held_s() - before == pytest.approx(3 * 5e-9)

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from blobmount.stats import fetch_snapshot, fetch_stats, format_stats, serve_sta
 from blobmount.storage.memory import InMemoryStorageClient
 from blobmount.testing.pattern import pattern_bytes
 from blobmount.units import format_size
-from tests.helpers.composed_mount import composed_mount, live_mount
+from tests.helpers.composed_mount import PROCESS, composed_mount, live_mount
 
 KiB = 1024
 
@@ -40,6 +41,9 @@ def distinct_snapshot(*, disk: bool = True, whole_file: bool = True) -> MountSna
             (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
         if dataclasses.is_dataclass(hint):
             return build(hint)
+        if typing.get_origin(hint) is tuple:  # a list of sections: two of them
+            (item, _) = typing.get_args(hint)
+            return (make(item), make(item))
         if typing.get_origin(hint) is dict:
             return {"StorageUnavailable": next(counter), "BlobChanged": next(counter)}
         if hint is bool:
@@ -68,6 +72,9 @@ def leaves(data: object, path: str = "") -> Iterator[tuple[str, object]]:
     if isinstance(data, dict):
         for key, value in data.items():
             yield from leaves(value, f"{path}.{key}" if path else key)
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            yield from leaves(value, f"{path}[{index}]")
     else:
         yield path, data
 
@@ -92,6 +99,7 @@ def test_to_json_keeps_the_wire_keys_in_order():
         *("source", "mountpoint", "pid", "uptime_s", "throughput_bytes_per_s", "open_files"),
         *("inodes", "namespace", "storage", "retry", "blocks", "disk", "hints", "whole_file"),
         "flow",
+        "processes",
     ]
     assert data["blocks"]["ram"]["hits"] == distinct_snapshot().blocks.ram.hits
 
@@ -150,9 +158,37 @@ def test_unknown_figures_are_ignored_and_missing_optional_sections_are_off():
     assert MountSnapshot.from_json(newer) == snapshot  # a newer daemon's extra figures
     older = snapshot.to_json()
     del older["disk"], older["whole_file"]  # a daemon from before these tiers
+    del older["processes"]  # and before the figures of each process
     assert MountSnapshot.from_json(older) == dataclasses.replace(
-        snapshot, disk=None, whole_file=None
+        snapshot, disk=None, whole_file=None, processes=()
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"pid": 1}, "lacks"),
+        ([{"pid": 1}], "lack 'processes[0].main'"),
+        (
+            [
+                {
+                    **{"pid": 1, "main": True, "requests": "3", "passed_on": 0},
+                    **{"answered_for_others": 0, "bytes_served": 0, "cpu_s": 1.0},
+                    "shared_lock_s": 0,
+                }
+            ],
+            "'3'",
+        ),
+    ],
+)
+def test_a_bad_process_list_is_an_error_naming_where(value, message):
+    data = distinct_snapshot().to_json()
+    data["processes"] = value
+    with pytest.raises(SnapshotFormatError, match="processes"):
+        MountSnapshot.from_json(data)
+    if message != "lacks":
+        with pytest.raises(SnapshotFormatError, match=re.escape(message)):
+            MountSnapshot.from_json(data)
 
 
 # -- the snapshot of a live mount -----------------------------------------------------------------
@@ -179,6 +215,7 @@ def old_daemon_dict(parts: Any, stack: Any, live: LiveMount, uptime_s: float) ->
         "hints": asdict(parts.hints.statistics()),
         "whole_file": None if whole_files is None else asdict(whole_files.statistics()),
         "flow": asdict(stack.flow.statistics()),  # added with the flow controller (#27)
+        "processes": [asdict(PROCESS)],  # added with the per-process figures (#25)
     }
 
 
@@ -259,6 +296,16 @@ def test_format_stats_reads_each_line_from_its_figures():
     ):
         assert line in text, line
     assert "whole-file cache" not in text
+    main, worker = s.processes
+    total = main.requests + worker.requests
+    assert (
+        f"processes         2, {total} requests: pid {main.pid} (main) "
+        f"{main.requests / total:.1%}, {main.cpu_s:.1f}s CPU; pid {worker.pid} (main) " in text
+    )
+    assert f"shared locks held {main.shared_lock_s + worker.shared_lock_s:.3f}s" in text
+    one = format_stats(dataclasses.replace(s, processes=(dataclasses.replace(main, main=True),)))
+    assert f"processes         1, {main.requests} requests: pid {main.pid} (main) 100.0%" in one
+    assert "processes " not in format_stats(dataclasses.replace(s, processes=()))
     off = format_stats(dataclasses.replace(s, disk=None))
     assert "disk tier         off" in off
     assert "; disk off" in off

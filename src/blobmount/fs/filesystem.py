@@ -33,6 +33,7 @@ from blobmount.fs.forward import (
     NOTE_USED,
     ForwardFailed,
     ReadForwarder,
+    ReadServer,
 )
 from blobmount.fs.readers import BlockReader, OpenReader, WholeFileReader
 from blobmount.namespace.catalog import CatalogStats, ListingCatalog
@@ -194,6 +195,8 @@ class BlobFilesystem:
         self.open_listener: OpenListener | None = None
         #: with several processes: passes READs of other processes' handles to their opener
         self.forwarder: ReadForwarder | None = None
+        #: the server of the requests other processes pass here (several processes only)
+        self.read_server: ReadServer | None = None
         self._shelf_opens = 0
         self.config = config
         self.inodes = InodeTable(trio.current_time())

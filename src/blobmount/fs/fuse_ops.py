@@ -39,7 +39,7 @@ class _Request:
         self._what = what
 
     def __enter__(self) -> None:
-        wakeup.disarm()  # the read that brought this request did not block (multicore.md)
+        self._ops.took_request()
         self._ops.active_requests += 1
 
     def __exit__(
@@ -69,6 +69,8 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         #: INIT reaches a process before it serves
         self.fs = cast(BlobFilesystem, fs)
         self.active_requests = 0
+        #: requests this process has taken from the kernel (per process: each counts its own)
+        self.requests = 0
         #: set when active_requests drops to 0; made only while someone waits for that
         self._idle: trio.Event | None = None
         # one per kind of request: they hold no state of their own, only its name
@@ -89,6 +91,12 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
                 log.exception("mount init hook failed")
 
     # -- plumbing --------------------------------------------------------------------------
+
+    def took_request(self) -> None:
+        """Called first by every handler: the read that brought its request did not block
+        (multicore.md, the blocked-read timer), and one more request is counted."""
+        wakeup.disarm()
+        self.requests += 1
 
     async def wait_idle(self) -> None:
         """Return once no request is being served."""
@@ -143,7 +151,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             return self._entry(await self.fs.getattr(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        wakeup.disarm()
+        self.took_request()
         self.fs.forget(inode_list)
 
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -163,7 +171,7 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             await self.fs.readdir(fh, start_id, reply)
 
     async def releasedir(self, fh: int) -> None:
-        wakeup.disarm()
+        self.took_request()
         self.fs.releasedir(fh)
 
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
@@ -190,21 +198,22 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
             return await self.fs.read(fh, off, size)
 
     async def release(self, fh: int) -> None:
-        wakeup.disarm()
+        self.took_request()
         self.fs.release(fh)
 
     async def flush(self, fh: int) -> None:
         # Nothing is ever written, so there is nothing to flush. ENOSYS (not success) tells the
         # kernel so once and for all: it stops sending FLUSH on every close(), one request per
         # opened file fewer, and close() still returns 0.
-        wakeup.disarm()
+        self.took_request()
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
+        self.took_request()
         return None  # nothing is ever dirty
 
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
-        wakeup.disarm()
+        self.took_request()
         info = self.fs.statfs()
         data = pyfuse3.StatvfsData()
         data.f_bsize = info.block_size
@@ -219,13 +228,13 @@ class FuseOperations(pyfuse3.Operations):  # type: ignore[misc]
         return data
 
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
-        wakeup.disarm()
+        self.took_request()
         return not mode & os.W_OK
 
     # -- write-side operations: a read-only filesystem -------------------------------------
 
     async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        wakeup.disarm()
+        self.took_request()
         raise pyfuse3.FUSEError(errno.EROFS)
 
     setattr = _refuse

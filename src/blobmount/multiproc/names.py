@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from blobmount.multiproc import lock_time
+
 FILE_NAME = "names"
 
 #: where the whole records end (an offset in the file), rewritten after each append
@@ -99,6 +101,7 @@ class SharedNames:
             return
         fd = self._fd
         fcntl.lockf(fd, fcntl.LOCK_EX)
+        granted = lock_time.granted()
         try:
             end = self._catch_up()
             records = bytearray()
@@ -121,6 +124,7 @@ class SharedNames:
                     del paths[inode]
                 raise
         finally:
+            lock_time.released(granted)
             fcntl.lockf(fd, fcntl.LOCK_UN)
         self._position = self.log_bytes = end
         self.records_written += len(written)

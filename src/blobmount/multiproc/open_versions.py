@@ -52,6 +52,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from blobmount.multiproc import lock_time
+
 FILE_NAME = "open-versions"
 SLOT_BYTES = 24
 #: bytes before the first slot: records in use, evictions, fallbacks (u64 each), then reserved
@@ -112,6 +114,8 @@ class SharedOpenVersions:
         self._lock_fd = fd
         #: flock does not exclude threads sharing the description
         self._thread_lock = threading.Lock()
+        #: when the lock was last granted (`lock_time`)
+        self._granted = 0
 
     @classmethod
     def create(
@@ -260,8 +264,10 @@ class SharedOpenVersions:
         except BaseException:
             self._thread_lock.release()
             raise
+        self._granted = lock_time.granted()  # under the thread lock: one holder at a time
 
     def _unlock(self) -> None:
+        lock_time.released(self._granted)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
