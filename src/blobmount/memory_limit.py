@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from blobmount.cgroups import controller_folders
+
 #: cgroup v1 writes "no limit" as a huge number (page-rounded 2^63 - 1)
 _NO_LIMIT_ABOVE = 1 << 60
 
@@ -37,24 +39,11 @@ def cgroup_limit_bytes(
     proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
 ) -> int | None:
     """The tightest memory limit of this process's cgroup (v2 or v1), or None."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    candidates: list[Path] = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.lstrip("/")
-        if controllers == "":  # v2: "0::/path"
-            candidates += [root / rel / "memory.max", root / "memory.max"]
-        elif "memory" in controllers.split(","):  # v1: "4:memory:/path"
-            folder = root / "memory"
-            candidates += [folder / rel / "memory.limit_in_bytes", folder / "memory.limit_in_bytes"]
-    limits = [limit for limit in map(_read_limit, candidates) if limit is not None]
-    return min(limits, default=None)
+    limits = [
+        _read_limit(folder.path / ("memory.max" if folder.v2 else "memory.limit_in_bytes"))
+        for folder in controller_folders("memory", proc_cgroup, root)
+    ]
+    return min((limit for limit in limits if limit is not None), default=None)
 
 
 def usable_memory_bytes() -> int | None:

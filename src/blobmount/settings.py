@@ -35,6 +35,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from blobmount.cpu_limit import usable_cpus
 from blobmount.datastores import DATASTORES_FILE_VAR
 from blobmount.errors import ConfigError
 from blobmount.logs import redact
@@ -198,6 +199,21 @@ class _Int(_Rule):
 
     def format(self, value: Any) -> str:
         return f"{value}{self.unit}"
+
+
+class _Processes(_Int):
+    """A number of processes, or "auto": the CPUs this process may use (`cpu_limit`), at most
+    `maximum`."""
+
+    def __init__(self, maximum: int) -> None:
+        super().__init__(1, maximum, what="a number of processes")
+        self.allowed += ', or "auto" (the CPUs this process may use)'
+
+    def parse(self, value: object) -> int:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            assert self.maximum is not None
+            return min(usable_cpus(), self.maximum)
+        return super().parse(value)
 
 
 class _Float(_Rule):
@@ -555,9 +571,7 @@ class Settings(BaseSettings):
     snapshot: Annotated[str | None, _Optional(_SnapshotRef(), "none (list the source)")] = _env(
         "DATASET_MOUNT_SNAPSHOT"
     )
-    worker_processes: Annotated[int, _Int(1, 16, what="a number of processes")] = _env(
-        "DATASET_MOUNT_WORKER_PROCESSES", 1
-    )
+    worker_processes: Annotated[int, _Processes(16)] = _env("DATASET_MOUNT_WORKER_PROCESSES", 1)
 
     # Where each field's value came from: "default", "environment" or "flag" (set by load_settings).
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -19,7 +19,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "blobmount"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: know nothing of blobmount
-    ("errors", "units", "_version", "logs", "unixsock", "runstate", "readiness", "memory_limit"),
+    ("errors", "units", "_version", "logs", "unixsock", "runstate", "readiness", "cgroups"),
+    # what the daemon may use: memory, and CPUs (WORKER_PROCESSES=auto), read from the cgroup
+    ("memory_limit", "cpu_limit"),
     # a mapped file of zeros, and claim files: the state and the work a mount's processes share
     ("shared_file", "claims"),
     ("mounttable",),

@@ -622,14 +622,18 @@ class WholeFileCache:
         """One GET of a small version, checked against its Content-MD5, whose copy is then
         served from memory at once; the writer writes its entry meanwhile (`_write_landed`
         gives back the room and the slot taken here)."""
-        estimate, slot = await self._reserve(version, path)
-        try:
-            # checked before any open gets the bytes: a reader never sees unverified data
-            with self.writer.fetching():
+        # A download that waits for a transfer slot counts as a fetch for the writer: the
+        # slots may all be held by copies whose entries wait to be written behind a fetch, and
+        # this is the fetch they wait for (without it, every slot's worth of small files waited
+        # MAX_DEFER_S: 150 files/s with 8 or more readers of a source that answers at once)
+        with self.writer.fetching():
+            estimate, slot = await self._reserve(version, path)
+            try:
+                # checked before any open gets the bytes: a reader never sees unverified data
                 data, _ = await fetch_whole(self._storage, version, self._in_thread)
-        except BaseException:
-            self._unreserve(path, estimate, slot)
-            raise
+            except BaseException:
+                self._unreserve(path, estimate, slot)
+                raise
         # No checkpoint from here to `done`: each open waiting now takes one use of the copy.
         found = self._open.get(path)
         if found is not None:
