@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from blobmount.cpu_limit import usable_cpus
 from blobmount.hints.client import hinted
 from blobmount.source import parse_source
 from blobmount.storage.synthetic import SyntheticDataset, expected_bytes
@@ -413,3 +414,23 @@ def test_the_memory_settings_bound_the_whole_tree(two_processes) -> None:
     grown = sum(psutil.Process(pid).memory_info().rss for pid in _tree(daemon.pid)) - baseline
     assert grown <= budget + 16 * MiB + 64 * MiB, f"the tree grew by {grown / MiB:.0f} MiB"
     print(f"\nthe tree grew by {grown / MiB:.0f} MiB reading {DATASET.large_size // MiB} MiB twice")
+
+
+def test_auto_serves_the_mount_with_a_process_per_usable_cpu(two_processes) -> None:
+    """DATASET_MOUNT_WORKER_PROCESSES=auto: as many processes as the CPUs the daemon may use (at
+    most 16), every one of them serving (its requests in the stats), every byte right."""
+    expected = min(usable_cpus(), 16)
+    daemon = two_processes(DATASET_MOUNT_WORKER_PROCESSES="auto")
+    _wait_for(lambda: len(_worker_pids(daemon)) == expected - 1, f"{expected - 1} workers")
+    names = list(SMALL)
+    random.Random(5).shuffle(names)
+    assert wrong_files(daemon.mountpoint, DATASET, names, readers=8) == []
+
+    def listed() -> bool:
+        return len(daemon_stats(daemon)["processes"]) == expected
+
+    _wait_for(listed, f"{expected} processes in the stats")
+    processes = daemon_stats(daemon)["processes"]
+    assert sum(p["requests"] for p in processes) >= 2 * len(names)  # opens and releases
+    if expected > 1:  # the kernel hands requests to every process that waits for them
+        assert all(p["requests"] > 0 for p in processes), processes
