@@ -10,7 +10,7 @@ from blobmount import cpu_limit
 from blobmount.cpu_limit import affinity_cpus, cgroup_cpus
 from blobmount.errors import ConfigError
 from blobmount.settings import load_settings
-from tests.unit.test_memory_limit import fake_cgroup
+from tests.helpers.cgroup import fake_cgroup
 
 
 def test_cgroup_v2_quota_of_the_process_group_rounds_up(tmp_path):

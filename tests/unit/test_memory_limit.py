@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from blobmount.compose.configs import read_ahead_budget
 from blobmount.memory_limit import cgroup_limit_bytes, usable_memory_bytes
 from blobmount.settings import load_settings
+from tests.helpers.cgroup import fake_cgroup
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-
-
-def fake_cgroup(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    proc_file = tmp_path / "cgroup"
-    proc_file.write_text(proc)
-    root = tmp_path / "sys"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text + "\n")
-    return proc_file, root
 
 
 def test_cgroup_v2_limit_of_the_process_group(tmp_path):
