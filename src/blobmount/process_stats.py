@@ -214,7 +214,7 @@ FIELDS: Final[Mapping[type, Mapping[str, Kind]]] = {
         **dict.fromkeys(
             (
                 *("sent", "throttled", "timeouts", "limit_cuts", "rate_cuts", "queued_s"),
-                *("breaker_opened", "fast_failures"),
+                *("breaker_opened", "fast_failures", "refusals_retried"),
             ),
             _C,
         ),

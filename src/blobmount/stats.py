@@ -160,7 +160,8 @@ def _flow_line(flow: FlowStats) -> str:
     return (
         f"flow control      {flow.in_flight} in flight, limit {flow.in_flight_limit} of "
         f"{flow.in_flight_limit_max} ({flow.limit_cuts} cuts); {_pacing(flow)}{flow.sent} sent, "
-        f"{flow.throttled} throttled, {flow.timeouts} timed out, queued {flow.queued_s:.1f}s; "
+        f"{flow.throttled} throttled ({flow.refusals_retried} retried on credit), "
+        f"{flow.timeouts} timed out, queued {flow.queued_s:.1f}s; "
         f"breaker {breaker} (opened {flow.breaker_opened}x, {flow.fast_failures} failed at once)"
     )
 

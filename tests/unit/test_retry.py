@@ -19,6 +19,7 @@ from blobmount.errors import (
 )
 from blobmount.storage.faulty import FaultyStorageClient
 from blobmount.storage.memory import InMemoryStorageClient
+from blobmount.storage.overload import Throttled
 from blobmount.storage.retry import RetryingStorageClient, RetryStatistics
 
 
@@ -173,3 +174,89 @@ async def test_location_and_aclose_pass_through(store, autojump_clock):
 def test_faulty_rejects_unknown_operations(store):
     with pytest.raises(ValueError, match="unknown operation"):
         store.fail_next("put_blob", 1, unavailable())
+
+
+# -- refusals while storage serves others ------------------------------------------------------
+
+
+class ServedAccount:
+    """A pacer whose account storage answers (or not) meanwhile."""
+
+    def __init__(self, serving: bool) -> None:
+        self.serving = serving
+        self.refusals_retried = 0
+
+    def pause_remaining(self) -> float:
+        return 0.0
+
+    def answered_since(self, when: float) -> bool:
+        return self.serving
+
+    def refusal_retried(self) -> None:
+        self.refusals_retried += 1
+
+
+def refused(status=503):
+    return lambda: Throttled(f"HTTP {status} ServerBusy", status=status)
+
+
+@pytest.mark.parametrize("status", [503, 429])
+async def test_refusals_while_storage_serves_others_use_up_no_retry(store, status, autojump_clock):
+    """Behind a rate limit, which request is refused is luck: 7 refusals in a row with 2
+    retries still end in the bytes, as long as other requests are answered meanwhile (their
+    backoff, at most 12.7 s in all, stays within the budget)."""
+    account = ServedAccount(serving=True)
+    client = RetryingStorageClient(store, retries=2, pacer=account)
+    etag = (await store.inner.get_properties("dir/blob")).etag
+    store.fail_next("get_range", 7, refused(status))
+    assert await client.get_range("dir/blob", etag, 0, 4) == b"0123"
+    assert store.calls["get_range"] == 8
+    assert client.statistics() == RetryStatistics(retries=7, gave_up=0)
+    assert account.refusals_retried == 6  # the first refusal counts
+
+
+async def test_with_no_retries_a_refusal_fails_at_once(store, autojump_clock):
+    client = RetryingStorageClient(store, retries=0, pacer=ServedAccount(serving=True))
+    store.fail_next("get_properties", 1, refused())
+    with pytest.raises(Throttled):
+        await client.get_properties("dir/blob")
+    assert store.calls["get_properties"] == 1
+
+
+async def test_refusals_count_when_storage_serves_nobody(store, autojump_clock):
+    client = RetryingStorageClient(store, retries=2, pacer=ServedAccount(serving=False))
+    store.fail_next("get_properties", 100, refused())
+    with pytest.raises(Throttled):
+        await client.get_properties("dir/blob")
+    assert store.calls["get_properties"] == 3
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        refused(500),  # an internal error may be the blob's own: it counts
+        unavailable(),  # a reset, a timeout, a short body
+    ],
+    ids=["500", "not-throttled"],
+)
+async def test_other_failures_count_even_while_storage_serves_others(
+    store, failure, autojump_clock
+):
+    client = RetryingStorageClient(store, retries=2, pacer=ServedAccount(serving=True))
+    store.fail_next("get_properties", 100, failure)
+    with pytest.raises(StorageUnavailable):
+        await client.get_properties("dir/blob")
+    assert store.calls["get_properties"] == 3
+
+
+async def test_refusals_count_again_once_the_budget_is_spent(store, autojump_clock):
+    account = ServedAccount(serving=True)
+    client = RetryingStorageClient(store, retries=2, pacer=account, throttled_budget_s=20.0)
+    store.fail_next("get_properties", 1000, refused())
+    started = trio.current_time()
+    with pytest.raises(Throttled):
+        await client.get_properties("dir/blob")
+    took = trio.current_time() - started
+    # free retries for 20 s (backoff capped at 8 s each), then the 2 retries that count
+    assert 20.0 <= took <= 20.0 + 3 * 8.0
+    assert account.refusals_retried >= 4

@@ -79,6 +79,9 @@ class FlowStats:
     breaker_open_s: float  # how long it has been open; 0 when closed
     breaker_opened: int  # times it opened
     fast_failures: int  # requests failed at once, unsent, because the breaker was open
+    #: throttling refusals retried without using up a retry: storage served others meanwhile
+    #: (storage/retry.py)
+    refusals_retried: int = 0
 
 
 class Sent:
@@ -125,6 +128,9 @@ class FlowController:
         ceiling = max(1, config.max_in_flight)
         self._limit = InFlightLimit(ceiling)
         self._rate = SendRate()
+        #: when the latest request storage answered was sent (`answered_since`)
+        self._last_answered_sent_at = -math.inf
+        self._refusals_retried = 0
         self._served = Served()
         self._next_send = -math.inf  # the send rate's next free moment
         self._slots = trio.CapacityLimiter(ceiling)
@@ -147,6 +153,14 @@ class FlowController:
         self._in_flight = 0
 
     # -- what callers use ----------------------------------------------------------------
+
+    def refusal_retried(self) -> None:
+        self._refusals_retried += 1
+
+    def answered_since(self, when: float) -> bool:
+        """Whether storage answered a request (of any process's stack sharing this controller)
+        sent at `when` or later: it is serving the account."""
+        return self._last_answered_sent_at >= when
 
     def pause_remaining(self) -> float:
         """Seconds until the account's Retry-After pause ends (0 when none)."""
@@ -234,6 +248,7 @@ class FlowController:
             breaker_open_s=self._breaker.open_s(now),
             breaker_opened=self._breaker.opened,
             fast_failures=self._fast_failures,
+            refusals_retried=self._refusals_retried,
         )
 
     @property
@@ -267,6 +282,7 @@ class FlowController:
 
     def _answered(self, token: object | None, sent_at: float, probe: bool) -> None:
         now = trio.current_time()
+        self._last_answered_sent_at = max(self._last_answered_sent_at, sent_at)
         if self.config.enabled:
             self._served.add(now, now - sent_at)
             self._limit.on_success(now, saturated=self._saturated())

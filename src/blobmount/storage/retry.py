@@ -9,6 +9,16 @@ trio.testing.MockClock makes tests instant.
 With a `pacer` (the account's flow controller, storage/flow.py), a retry also waits out the
 account-wide Retry-After pause that another request received; and CircuitOpen (the breaker is
 open: storage has failed every request for a while) ends the operation at once, unretried.
+
+Also with a pacer, a refusal by throttling (503 ServerBusy, 429) after an operation's first one
+does not use up a retry while storage answers other requests: the account is being served, and
+which of its requests a rate limit refuses is luck. Behind a limit that admits N requests a
+second in fixed windows, a retry that lands in the spent part of a window is refused again, so a
+few reads in ten thousand were refused 8 times in a row and failed with EIO while every other
+read went through (the `throttled` benchmark of 2026-12-06). Such refusals are retried, with
+the backoff still growing, for at most `throttled_budget_s` of the operation; after that, and
+whenever storage answers nothing else, they count as before, so a read still ends (the breaker
+or the retry count) and never hangs.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import trio
 
 from blobmount.errors import StorageUnavailable
 from blobmount.storage.base import StorageClient
-from blobmount.storage.overload import CircuitOpen
+from blobmount.storage.overload import CircuitOpen, Throttled
 from blobmount.storage.wrapper import Describe, WrappingStorageClient
 
 log = logging.getLogger(__name__)
@@ -32,12 +42,28 @@ T = TypeVar("T")
 
 #: AZUREML_DATASET_HTTP_RETRY_COUNT's default
 DEFAULT_RETRIES = 7
+#: how long an operation retries throttling refusals beyond its retry count while storage
+#: answers other requests (see the module docstring)
+THROTTLED_BUDGET_S = 30.0
+#: answers to requests sent this long before an attempt still show the account is served (a
+#: rate limit's window: Azure's targets are per second)
+SERVED_WITHIN_S = 1.0
+#: the refusals that say "over a rate or a partition's target", nothing about this request
+_REFUSAL_STATUSES = (429, 503)
 
 
 class Pacer(Protocol):
     """What a retry asks of the account's flow controller."""
 
     def pause_remaining(self) -> float: ...
+
+    def answered_since(self, when: float) -> bool:
+        """Whether storage answered a request sent at `when` or later."""
+        ...
+
+    def refusal_retried(self) -> None:
+        """A refusal is retried without using up a retry (counted in the flow stats)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +92,7 @@ class RetryingStorageClient(WrappingStorageClient):
         max_retry_after_s: float = 60.0,
         rng: random.Random | None = None,
         pacer: Pacer | None = None,
+        throttled_budget_s: float = THROTTLED_BUDGET_S,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
@@ -76,6 +103,7 @@ class RetryingStorageClient(WrappingStorageClient):
         self._max_retry_after_s = max_retry_after_s
         self._rng = rng or random.Random()
         self._pacer = pacer
+        self._throttled_budget_s = throttled_budget_s
         self._retry_count = 0
         self._gave_up = 0
 
@@ -92,23 +120,56 @@ class RetryingStorageClient(WrappingStorageClient):
             delay = max(delay, self._pacer.pause_remaining())
         return delay
 
+    def _refused_by_luck(self, exc: StorageUnavailable, since: float, started: float) -> bool:
+        """A throttling refusal while storage answered a request sent since `since` (a rate
+        window before the operation's previous attempt: a refusal comes at once, and a limit
+        whose window is spent refuses everything until it ends, so the answers that show the
+        account is served came before), within the operation's budget: retried without using
+        up a retry (see the module docstring)."""
+        pacer = self._pacer
+        return (
+            pacer is not None
+            and isinstance(exc, Throttled)
+            and exc.status in _REFUSAL_STATUSES
+            and trio.current_time() - started < self._throttled_budget_s
+            and pacer.answered_since(since)
+        )
+
     async def _call(self, what: Describe, key: str, fn: Callable[[], Awaitable[T]]) -> T:
-        attempt = 0
+        attempt = 0  # retries used up
+        tries = 0  # attempts made: the backoff grows with these
+        started = previous = trio.current_time()
         while True:
+            sent_at = trio.current_time()
             try:
                 return await fn()
             except CircuitOpen as exc:
                 log.debug("%s: %s", what(), exc)
                 raise
             except StorageUnavailable as exc:
-                if attempt >= self._retries:
+                # an operation's first refusal always counts: with no retries allowed it
+                # fails, and the window before it shows nothing about this operation
+                free = tries > 0 and self._refused_by_luck(exc, previous - SERVED_WITHIN_S, started)
+                previous = sent_at
+                if attempt >= self._retries and not free:
                     self._gave_up += 1
-                    log.warning("%s: giving up after %d attempt(s): %s", what(), attempt + 1, exc)
+                    log.warning("%s: giving up after %d attempt(s): %s", what(), tries + 1, exc)
                     raise
-                delay = self._delay(attempt, exc)
-                attempt += 1
+                delay = self._delay(tries, exc)
+                tries += 1
                 self._retry_count += 1
+                if free:
+                    assert self._pacer is not None
+                    self._pacer.refusal_retried()
+                else:
+                    attempt += 1
                 log.debug(
-                    "%s: retry %d/%d in %.2fs after: %s", what(), attempt, self._retries, delay, exc
+                    "%s: retry %d/%d%s in %.2fs after: %s",
+                    what(),
+                    attempt,
+                    self._retries,
+                    " (not counted: storage serves others)" if free else "",
+                    delay,
+                    exc,
                 )
                 await trio.sleep(delay)
