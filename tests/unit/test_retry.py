@@ -215,38 +215,26 @@ async def test_refusals_while_storage_serves_others_use_up_no_retry(store, statu
     assert account.refusals_retried == 6  # the first refusal counts
 
 
-async def test_with_no_retries_a_refusal_fails_at_once(store, autojump_clock):
-    client = RetryingStorageClient(store, retries=0, pacer=ServedAccount(serving=True))
-    store.fail_next("get_properties", 1, refused())
-    with pytest.raises(Throttled):
-        await client.get_properties("dir/blob")
-    assert store.calls["get_properties"] == 1
-
-
-async def test_refusals_count_when_storage_serves_nobody(store, autojump_clock):
-    client = RetryingStorageClient(store, retries=2, pacer=ServedAccount(serving=False))
-    store.fail_next("get_properties", 100, refused())
-    with pytest.raises(Throttled):
-        await client.get_properties("dir/blob")
-    assert store.calls["get_properties"] == 3
-
-
 @pytest.mark.parametrize(
-    "failure",
+    ("retries", "serving", "failure", "tries"),
     [
-        refused(500),  # an internal error may be the blob's own: it counts
-        unavailable(),  # a reset, a timeout, a short body
+        (0, True, refused(), 1),  # no retries allowed: a refusal fails at once
+        (2, False, refused(), 3),  # storage answers nobody: every refusal counts
+        (2, True, refused(500), 3),  # an internal error may be the blob's own: it counts
+        (2, True, unavailable(), 3),  # a reset, a timeout, a short body
     ],
-    ids=["500", "not-throttled"],
+    ids=["no-retries", "nobody-served", "500", "not-throttled"],
 )
-async def test_other_failures_count_even_while_storage_serves_others(
-    store, failure, autojump_clock
+async def test_failures_that_count_even_with_a_pacer(
+    store, retries, serving, failure, tries, autojump_clock
 ):
-    client = RetryingStorageClient(store, retries=2, pacer=ServedAccount(serving=True))
+    pacer = ServedAccount(serving=serving)
+    client = RetryingStorageClient(store, retries=retries, pacer=pacer)
     store.fail_next("get_properties", 100, failure)
     with pytest.raises(StorageUnavailable):
         await client.get_properties("dir/blob")
-    assert store.calls["get_properties"] == 3
+    assert store.calls["get_properties"] == tries
+    assert pacer.refusals_retried == 0
 
 
 async def test_refusals_count_again_once_the_budget_is_spent(store, autojump_clock):
