@@ -258,3 +258,30 @@ async def test_every_request_carries_a_client_request_id_and_a_failure_names_it(
     failed = next(r for r in records if r.outcome == "status")
     assert f"[client request id {failed.client_request_id}]" in str(info.value)
     assert "HTTP 503 ServerBusy" in str(info.value)
+
+
+async def test_behind_a_per_second_limit_no_read_runs_out_of_retries(
+    azurite, proxy, blobs, tmp_path
+):
+    """4. Issue #27's throttle, with Azurite answering far faster than the limit admits: a
+    retry that lands in the spent part of a second is refused again, and with 1 retry a read
+    refused twice failed while the others went through. Refusals while storage serves the
+    account's other requests now use up no retry, so every read ends in its bytes."""
+    async with stack_through_proxy(azurite, proxy, blobs, tmp_path, retries=1) as stack:
+        tags = await etags(stack)
+        proxy.set_admission(Admission(per_second=40, kinds=RANGE_ONLY))
+        names = BLOBS * 4  # 128 GETs: about 3 s at 40 a second
+        got: list[bool] = []
+
+        async def reader(mine: list[str]) -> None:
+            for name in mine:
+                data = await stack.client.get_range(name, tags[name], 0, SIZE)
+                got.append(data == pattern_bytes(name, 0, SIZE))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(READERS):
+                nursery.start_soon(reader, names[i::READERS])
+        assert got == [True] * len(names)
+        flow = stack.flow.flow.statistics()
+        assert flow.throttled > 0
+        assert flow.refusals_retried > 0

@@ -115,6 +115,9 @@ def test_a_shelf_that_cannot_be_written_keeps_the_block_in_memory(tmp_path):
 
 
 def test_the_shelf_takes_at_most_half_the_free_space(tmp_path):
-    space = os.statvfs(tmp_path)
+    # other tests write and remove files meanwhile: the shelf saw free space between the two
+    before = os.statvfs(tmp_path)
     shelf = HintedShelf.create(tmp_path)
-    assert 0 < shelf.capacity <= space.f_bavail * space.f_frsize // 2 + space.f_frsize
+    after = os.statvfs(tmp_path)
+    most = max(s.f_bavail * s.f_frsize // 2 + s.f_frsize for s in (before, after))
+    assert 0 < shelf.capacity <= most

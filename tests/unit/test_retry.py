@@ -5,6 +5,7 @@ return at once in virtual time, and trio.current_time() measures the backoff exa
 """
 
 import logging
+import math
 import random
 
 import pytest
@@ -180,17 +181,18 @@ def test_faulty_rejects_unknown_operations(store):
 
 
 class ServedAccount:
-    """A pacer whose account storage answers (or not) meanwhile."""
+    """A pacer whose account storage answered, last, a request sent at `answered_sent_at`
+    (inf: it keeps answering others meanwhile)."""
 
-    def __init__(self, serving: bool) -> None:
-        self.serving = serving
+    def __init__(self, answered_sent_at: float) -> None:
+        self.answered_sent_at = answered_sent_at
         self.refusals_retried = 0
 
     def pause_remaining(self) -> float:
         return 0.0
 
     def answered_since(self, when: float) -> bool:
-        return self.serving
+        return self.answered_sent_at >= when
 
     def refusal_retried(self) -> None:
         self.refusals_retried += 1
@@ -205,7 +207,7 @@ async def test_refusals_while_storage_serves_others_use_up_no_retry(store, statu
     """Behind a rate limit, which request is refused is luck: 7 refusals in a row with 2
     retries still end in the bytes, as long as other requests are answered meanwhile (their
     backoff, at most 12.7 s in all, stays within the budget)."""
-    account = ServedAccount(serving=True)
+    account = ServedAccount(math.inf)
     client = RetryingStorageClient(store, retries=2, pacer=account)
     etag = (await store.inner.get_properties("dir/blob")).etag
     store.fail_next("get_range", 7, refused(status))
@@ -216,19 +218,21 @@ async def test_refusals_while_storage_serves_others_use_up_no_retry(store, statu
 
 
 @pytest.mark.parametrize(
-    ("retries", "serving", "failure", "tries"),
+    ("retries", "answered_sent_at", "failure", "tries"),
     [
-        (0, True, refused(), 1),  # no retries allowed: a refusal fails at once
-        (2, False, refused(), 3),  # storage answers nobody: every refusal counts
-        (2, True, refused(500), 3),  # an internal error may be the blob's own: it counts
-        (2, True, unavailable(), 3),  # a reset, a timeout, a short body
+        (0, math.inf, refused(), 1),  # no retries allowed: a refusal fails at once
+        (2, -math.inf, refused(), 3),  # storage answers nobody: every refusal counts
+        # its last answer was to a request sent 5 s before this one: an outage since
+        (2, -5.0, refused(), 3),
+        (2, math.inf, refused(500), 3),  # an internal error may be the blob's own: it counts
+        (2, math.inf, unavailable(), 3),  # a reset, a timeout, a short body
     ],
-    ids=["no-retries", "nobody-served", "500", "not-throttled"],
+    ids=["no-retries", "nobody-served", "served-before", "500", "not-throttled"],
 )
 async def test_failures_that_count_even_with_a_pacer(
-    store, retries, serving, failure, tries, autojump_clock
+    store, retries, answered_sent_at, failure, tries, autojump_clock
 ):
-    pacer = ServedAccount(serving=serving)
+    pacer = ServedAccount(trio.current_time() + answered_sent_at)
     client = RetryingStorageClient(store, retries=retries, pacer=pacer)
     store.fail_next("get_properties", 100, failure)
     with pytest.raises(StorageUnavailable):
@@ -238,7 +242,7 @@ async def test_failures_that_count_even_with_a_pacer(
 
 
 async def test_refusals_count_again_once_the_budget_is_spent(store, autojump_clock):
-    account = ServedAccount(serving=True)
+    account = ServedAccount(math.inf)
     client = RetryingStorageClient(store, retries=2, pacer=account, throttled_budget_s=20.0)
     store.fail_next("get_properties", 1000, refused())
     started = trio.current_time()

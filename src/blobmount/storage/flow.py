@@ -158,8 +158,8 @@ class FlowController:
         self._refusals_retried += 1
 
     def answered_since(self, when: float) -> bool:
-        """Whether storage answered a request (of any process's stack sharing this controller)
-        sent at `when` or later: it is serving the account."""
+        """Whether storage answered a request of this process's stacks on the account sent at
+        `when` or later: it is serving the account."""
         return self._last_answered_sent_at >= when
 
     def pause_remaining(self) -> float:

@@ -138,9 +138,8 @@ class RetryingStorageClient(WrappingStorageClient):
     async def _call(self, what: Describe, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         attempt = 0  # retries used up
         tries = 0  # attempts made: the backoff grows with these
-        started = previous = trio.current_time()
+        started = previous = sent_at = trio.current_time()
         while True:
-            sent_at = trio.current_time()
             try:
                 return await fn()
             except CircuitOpen as exc:
@@ -173,3 +172,4 @@ class RetryingStorageClient(WrappingStorageClient):
                     exc,
                 )
                 await trio.sleep(delay)
+                sent_at = trio.current_time()
